@@ -1,0 +1,95 @@
+"""GeLU, tanh approximation, elementwise over any shape and any strides.
+
+    gelu(x) = 0.5 · x · (1 + tanh(√(2/π) · (x + 0.044715 · x³)))
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from hypothesis import strategies as st
+
+from grader import strategies, tensors
+from grader.spec import Case, Exercise, Part, Tolerances
+
+SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+def make_inputs(case: Case) -> dict:
+    g = tensors.generator(case.seed)
+    return {"x": tensors.make(case["shape"], case.dtype, g, kind=case["values"], layout=case["layout"])}
+
+
+def call(module, inputs: dict) -> dict:
+    return {"y": module.gelu(inputs["x"])}
+
+
+def gelu_reference(x: torch.Tensor) -> torch.Tensor:
+    x = x.to(torch.float64)
+    return 0.5 * x * (1.0 + torch.tanh(SQRT_2_OVER_PI * (x + 0.044715 * x**3)))
+
+
+def reference(inputs: dict) -> dict:
+    return {"y": gelu_reference(inputs["x"])}
+
+
+def cases(device: str) -> st.SearchStrategy[Case]:
+    max_numel = 1 << 20 if device == "cuda" else 1 << 14
+    return st.builds(
+        lambda shape, dtype, layout, values, seed: Case(
+            {"shape": shape, "dtype": dtype, "layout": layout, "values": values}, seed
+        ),
+        strategies.shapes(min_dims=1, max_dims=4, max_numel=max_numel),
+        strategies.dtypes(),
+        strategies.layouts(),
+        st.sampled_from(tensors.VALUES),
+        strategies.seeds(),
+    )
+
+
+def _case(shape, dtype="float32", layout="contiguous", values="normal", seed=0) -> Case:
+    return Case({"shape": shape, "dtype": dtype, "layout": layout, "values": values}, seed)
+
+
+EXAMPLES = (
+    _case((1,)),
+    _case(()),  # a 0-dim tensor is a shape too
+    _case((1021,)),  # prime: the last block is partial
+    _case((4097,), "float16"),  # one past a power of two
+    _case((3, 257), "float16", "transposed"),
+    _case((7, 33), "bfloat16", "strided"),
+    _case((2, 3, 129), "float32", "offset"),
+    _case((4096,), "float32", values="large"),  # |x| up to ~4e4: tanh must not overflow to NaN
+    _case((64, 65), "bfloat16", values="mixed"),
+)
+
+# The kernel computes in fp32 and rounds once to the output dtype, so fp16/bf16 keep
+# torch.testing's defaults (half an ulp is 4.9e-4 / 3.9e-3 relative). fp32 allows 1e-5: 1 + tanh(z)
+# cancels for z << 0, costing up to ~|x|·6e-8 absolute.
+TOLERANCES = Tolerances(
+    (torch.float32, 1e-5, 1e-5),
+    (torch.float16, 1e-5, 1e-3),
+    (torch.bfloat16, 1e-5, 1.6e-2),
+)
+
+EXERCISE = Exercise(
+    name="gelu",
+    module="gelu",
+    title="Fused GeLU",
+    order=1,
+    parts=(
+        Part(
+            name="forward",
+            functions=("gelu",),
+            make_inputs=make_inputs,
+            call=call,
+            reference=reference,
+            cases=cases,
+            examples=EXAMPLES,
+            tolerances=TOLERANCES,
+            points=10,
+            integrity_cases=(_case((3, 257), "float16", "transposed"),),
+        ),
+    ),
+)

@@ -1,0 +1,97 @@
+"""Softmax over the last dimension: any leading dims, rows of 1 to 65,536+ elements, ``-inf``
+(masked) entries, inputs up to 1e4 in magnitude. Semantics of ``torch.softmax(x, -1)``, including a
+row of only ``-inf`` giving NaN.
+"""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import strategies as st
+
+from grader import strategies, tensors
+from grader.spec import Case, Exercise, Part, Tolerances
+
+MASKS = ("none", "some", "prefix", "all_first_row")
+
+
+def make_inputs(case: Case) -> dict:
+    g = tensors.generator(case.seed)
+    shape = case["shape"]
+    data = tensors.values(shape, case["values"], g)
+    mask = case.get("mask", "none")
+    if mask == "some":  # ~25% of positions masked, as in a padding or dropout mask
+        data[torch.rand(shape, generator=g, dtype=torch.float64) < 0.25] = float("-inf")
+    elif mask == "prefix":  # a causal-style mask: the first half of each row masked
+        data[..., : shape[-1] // 2] = float("-inf")
+    elif mask == "all_first_row" and len(shape) > 0:  # torch gives NaN for a fully masked row
+        data.view(-1, shape[-1])[0] = float("-inf")
+    return {"x": tensors.layout_view(data.to(case.dtype), case["layout"])}
+
+
+def call(module, inputs: dict) -> dict:
+    return {"y": module.softmax(inputs["x"])}
+
+
+def reference(inputs: dict) -> dict:
+    return {"y": torch.softmax(inputs["x"].to(torch.float64), dim=-1)}
+
+
+def cases(device: str) -> st.SearchStrategy[Case]:
+    max_numel = 1 << 21 if device == "cuda" else 1 << 16
+    return st.builds(
+        lambda shape, dtype, layout, values, mask, seed: Case(
+            {"shape": shape, "dtype": dtype, "layout": layout, "values": values, "mask": mask}, seed
+        ),
+        strategies.shapes(min_dims=1, max_dims=3, max_numel=max_numel, max_last=70_000),
+        strategies.dtypes(),
+        strategies.layouts(),
+        st.sampled_from(("normal", "large", "mixed")),
+        st.sampled_from(MASKS),
+        strategies.seeds(),
+    )
+
+
+def _case(shape, dtype="float32", layout="contiguous", values="normal", mask="none", seed=0) -> Case:
+    return Case({"shape": shape, "dtype": dtype, "layout": layout, "values": values, "mask": mask}, seed)
+
+
+EXAMPLES = (
+    _case((1, 1)),  # a row of one element is exactly 1
+    _case((5, 1000)),  # not a power of two: masked loads must use -inf padding
+    _case((3, 1000), values="large"),  # scale 1e4: exp overflows without subtracting the max
+    _case((4, 257), "float16", "transposed"),
+    _case((2, 3, 129), "bfloat16", "strided", mask="some"),
+    _case((3, 100), mask="all_first_row"),  # fully masked row: NaN, like torch
+    _case((2, 8193), mask="prefix"),  # longer than one block of 8192
+    _case((2, 65536)),  # the longest required row
+    _case((1, 70001), "float16", values="mixed"),  # longer still, and odd
+)
+
+# Computed in fp32 and rounded once: fp16/bf16 use torch.testing's defaults. fp32 softmax values
+# are small (1/N), so atol is 1e-6; the sum of up to 65k terms costs ~log2(N)·6e-8 relative.
+TOLERANCES = Tolerances(
+    (torch.float32, 1e-6, 1e-5),
+    (torch.float16, 1e-5, 1e-3),
+    (torch.bfloat16, 1e-5, 1.6e-2),
+)
+
+EXERCISE = Exercise(
+    name="softmax",
+    module="softmax",
+    title="Fused softmax",
+    order=2,
+    parts=(
+        Part(
+            name="forward",
+            functions=("softmax",),
+            make_inputs=make_inputs,
+            call=call,
+            reference=reference,
+            cases=cases,
+            examples=EXAMPLES,
+            tolerances=TOLERANCES,
+            points=10,
+            integrity_cases=(_case((4, 257), "float16", "transposed"), _case((2, 8193))),
+        ),
+    ),
+)
