@@ -1,21 +1,26 @@
-"""The ``grader`` command: a thin shell over keyword-only functions in the modules it names."""
+"""The ``grader`` command: a thin shell over keyword-only functions.
+
+Each subcommand lives in its own module, which provides ``add_arguments(parser)`` and
+``run(args) -> int``; this file only lists them.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="grader", description="Grade and benchmark Triton kernel exercises.")
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    p = sub.add_parser("list", help="list the exercises and their parts")
-    p.set_defaults(run=_list)
-    return parser
+# command -> (module, help)
+COMMANDS = {
+    "list": ("grader.cli", "list the exercises and their parts"),
+}
 
 
-def _list(args: argparse.Namespace) -> int:
+def add_arguments(parser: argparse.ArgumentParser) -> None:  # for "list"
+    pass
+
+
+def run(args: argparse.Namespace) -> int:  # "list"
     from grader import exercises
 
     for exercise in exercises.all_exercises():
@@ -24,9 +29,27 @@ def _list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="grader", description="Grade and benchmark Triton kernel exercises.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for command, (module_name, help_text) in COMMANDS.items():
+        module = importlib.import_module(module_name)
+        p = sub.add_parser(command, help=help_text, description=help_text)
+        module.add_arguments(p)
+        p.set_defaults(module=module)
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
+    from grader import runtime
+
+    try:
+        runtime.configure()  # before anything imports triton
+    except runtime.RuntimeSetupError as exc:
+        print(f"grader: {exc}", file=sys.stderr)
+        return 2
     args = _parser().parse_args(argv)
-    return int(args.run(args) or 0)
+    return int(args.module.run(args) or 0)
 
 
 if __name__ == "__main__":
