@@ -13,6 +13,11 @@ import sys
 # command -> (module, help)
 COMMANDS = {
     "list": ("grader.cli", "list the exercises and their parts"),
+    "grade": ("grader.grading.grade", "grade student submissions (directories, .zip or .ipynb)"),
+    "verify": ("grader.grading.verify", "grade solutions/ and fail unless every exercise earns full marks"),
+    "release": ("grader.grading.release", "write the student release (no solutions, no hidden material)"),
+    "calibrate": ("grader.calibrate", "measure the reference solutions on this GPU and write its thresholds file"),
+    "bench": ("grader.bench", "benchmark an exercise against its baselines (table, optional plot)"),
 }
 
 

@@ -1,0 +1,1 @@
+"""The instructor grader: submissions, isolated workers, scoring and reports."""
