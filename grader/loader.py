@@ -62,4 +62,26 @@ def load(root: str | os.PathLike, exercise: Exercise, functions: tuple[str, ...]
     missing = [f for f in functions if not callable(getattr(module, f, None))]
     if missing:
         raise LoadError("function", f"{path.name} defines no function {', '.join(missing)}")
+    problems = non_constexpr_globals(module)
+    if problems:
+        raise LoadError("kernel", f"{path.name}: " + "; ".join(problems))
     return module
+
+
+def non_constexpr_globals(module: ModuleType) -> list[str]:
+    """Kernels reading plain-number module globals: the interpreter accepts them, the GPU compiler does not
+    ("Cannot access global variable ... from within @jit'ed function"), so say it before the student
+    finds out on a GPU."""
+    problems = []
+    for name, obj in vars(module).items():
+        fn = getattr(obj, "fn", None)
+        if fn is None or not type(obj).__module__.startswith("triton.") or not hasattr(fn, "__code__"):
+            continue
+        for ref in fn.__code__.co_names:
+            value = fn.__globals__.get(ref)
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                problems.append(
+                    f"kernel {name} reads the global {ref} = {value!r}, which the GPU compiler rejects; "
+                    f"define it as {ref} = tl.constexpr({value!r})"
+                )
+    return problems

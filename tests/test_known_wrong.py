@@ -21,7 +21,10 @@ def _verdicts(fixture: KnownWrong, part_name: str, what: str) -> list[check.Verd
     exercise = exercises.get(fixture.exercise)
     part = exercise.part(part_name)
     device = configure().device
-    module = loader.load(fixture.root, exercise, part.functions)
+    try:
+        module = loader.load(fixture.root, exercise, part.functions)
+    except loader.LoadError as exc:  # the load itself is the check that fires
+        return [check.Verdict(False, str(exc))]
     student_dir = str(loader.module_path(fixture.root, exercise).parent)
     if what == "correctness":
         return [

@@ -22,7 +22,6 @@ import torch
 import triton
 import triton.language as tl
 
-LOG2E = 1.4426950408889634
 MAX_FUSED_SIZE = 8192  # longest row kept in registers (32 KB of fp32 per program)
 ONLINE_BLOCK = 4096
 
@@ -41,7 +40,7 @@ def _softmax_row_kernel(
     x = x.to(tl.float32)
     # Subtracting the row max keeps exp() in range (x up to 1e4 would overflow fp32 exp at 88).
     z = x - tl.max(x, axis=0)
-    num = tl.exp2(z * LOG2E)
+    num = tl.exp2(z * 1.4426950408889634)  # exp(z) = 2^(z·log2 e): exp2 is the native instruction
     y = num / tl.sum(num, axis=0)
     tl.store(y_ptr + row * stride_ym + offs_n, y.to(y_ptr.dtype.element_ty), mask=mask)
 
@@ -63,14 +62,15 @@ def _softmax_online_kernel(
         m_new = tl.maximum(m, tl.max(x, axis=0))
         # While everything seen is -inf, use 0 as the shift so exp(-inf - shift) = 0 instead of NaN.
         shift = tl.where(m_new == -float("inf"), 0.0, m_new)
-        d = d * tl.exp2((m - shift) * LOG2E) + tl.sum(tl.exp2((x - shift) * LOG2E), axis=0)
+        rescale = tl.exp2((m - shift) * 1.4426950408889634)  # exp(m_old - m_new): shrinks the old sum
+        d = d * rescale + tl.sum(tl.exp2((x - shift) * 1.4426950408889634), axis=0)
         m = m_new
     # A fully masked row ends with m = -inf, d = 0: 0/0 = NaN, as torch.softmax gives.
     inv_d = 1.0 / d
     for start in range(0, n_cols, BLOCK_SIZE):
         mask = start + offs_n < n_cols
         x = tl.load(x_row + (start + offs_n) * stride_xn, mask=mask, other=-float("inf")).to(tl.float32)
-        y = tl.exp2((x - m) * LOG2E) * inv_d
+        y = tl.exp2((x - m) * 1.4426950408889634) * inv_d
         tl.store(y_ptr + row * stride_ym + start + offs_n, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
