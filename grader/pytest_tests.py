@@ -48,6 +48,7 @@ def _fail(verdict: check.Verdict) -> None:
 def _examples_test(exercise: Exercise, part: Part):
     @pytest.mark.parametrize("case", part.examples, ids=[c.label for c in part.examples])
     def test(grader_session, request, case):
+        __tracebackhide__ = True
         module = grader_session.ready(exercise, part, _test_file(request))
         reason = part.skip(case, grader_session.device)
         if reason:
@@ -60,11 +61,13 @@ def _examples_test(exercise: Exercise, part: Part):
 
 def _random_test(exercise: Exercise, part: Part):
     def test(grader_session, request):
+        __tracebackhide__ = True
         module = grader_session.ready(exercise, part, _test_file(request))
         device = grader_session.device
 
         @given(case=part.cases(device))
         def random_case(case):
+            __tracebackhide__ = True
             if part.skip(case, device):
                 reject()
             verdict = check.run_case(exercise, part, module, case, device)

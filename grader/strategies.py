@@ -49,3 +49,16 @@ def layouts() -> st.SearchStrategy[str]:
 
 def seeds() -> st.SearchStrategy[int]:
     return st.integers(0, 2**31 - 1)
+
+
+def cases(**fields: st.SearchStrategy) -> st.SearchStrategy:
+    """Cases whose params are drawn from ``fields`` (in order) plus a seed; hypothesis reports a failing
+    one as ``Case(shape=..., dtype=..., seed=...)``."""
+    from grader.spec import Case
+
+    @st.composite
+    def build(draw):
+        params = {name: draw(strategy) for name, strategy in fields.items()}
+        return Case(params, draw(seeds()))
+
+    return build()

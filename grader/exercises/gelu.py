@@ -36,15 +36,11 @@ def reference(inputs: dict) -> dict:
 
 def cases(device: str) -> st.SearchStrategy[Case]:
     max_numel = 1 << 20 if device == "cuda" else 1 << 14
-    return st.builds(
-        lambda shape, dtype, layout, values, seed: Case(
-            {"shape": shape, "dtype": dtype, "layout": layout, "values": values}, seed
-        ),
-        strategies.shapes(min_dims=1, max_dims=4, max_numel=max_numel),
-        strategies.dtypes(),
-        strategies.layouts(),
-        st.sampled_from(tensors.VALUES),
-        strategies.seeds(),
+    return strategies.cases(
+        shape=strategies.shapes(min_dims=1, max_dims=4, max_numel=max_numel),
+        dtype=strategies.dtypes(),
+        layout=strategies.layouts(),
+        values=st.sampled_from(tensors.VALUES),
     )
 
 

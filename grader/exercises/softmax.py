@@ -38,16 +38,12 @@ def reference(inputs: dict) -> dict:
 
 def cases(device: str) -> st.SearchStrategy[Case]:
     max_numel = 1 << 21 if device == "cuda" else 1 << 16
-    return st.builds(
-        lambda shape, dtype, layout, values, mask, seed: Case(
-            {"shape": shape, "dtype": dtype, "layout": layout, "values": values, "mask": mask}, seed
-        ),
-        strategies.shapes(min_dims=1, max_dims=3, max_numel=max_numel, max_last=70_000),
-        strategies.dtypes(),
-        strategies.layouts(),
-        st.sampled_from(("normal", "large", "mixed")),
-        st.sampled_from(MASKS),
-        strategies.seeds(),
+    return strategies.cases(
+        shape=strategies.shapes(min_dims=1, max_dims=3, max_numel=max_numel, max_last=70_000),
+        dtype=strategies.dtypes(),
+        layout=strategies.layouts(),
+        values=st.sampled_from(("normal", "large", "mixed")),
+        mask=st.sampled_from(MASKS),
     )
 
 
