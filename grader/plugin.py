@@ -64,6 +64,10 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     ]
     if session.mode.interpreter:
         lines.append("grader: no GPU — kernels run in the Triton interpreter; speed tests are skipped")
+    else:
+        from grader import speed
+
+        lines.append(f"grader: {speed.thresholds_summary()}")
     return lines
 
 

@@ -6,12 +6,13 @@
 from __future__ import annotations
 
 import math
+from functools import cache
 
 import torch
 from hypothesis import strategies as st
 
 from grader import strategies, tensors
-from grader.spec import Case, Exercise, Part, Tolerances
+from grader.spec import Benchmark, Case, Exercise, Part, Tolerances
 
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
@@ -69,6 +70,40 @@ TOLERANCES = Tolerances(
     (torch.bfloat16, 1e-5, 1.6e-2),
 )
 
+# --- speed (GPU) -------------------------------------------------------------------------------
+# Two 32M/64M-element tensors: 128 MB read + 128 MB written, over twice the L2 of an H100/H200
+# (50/60 MB), so the kernel streams from HBM; ~0.1 ms at ~3 TB/s.
+
+
+def _bytes_moved(inputs: dict) -> float:
+    x = inputs["x"]
+    return 2 * x.numel() * x.element_size()  # read x once, write y once
+
+
+def _flops(inputs: dict) -> float:
+    return 9 * inputs["x"].numel()  # x·x·x, ·0.044715, +x, ·√(2/π), tanh, +1, ·x, ·0.5 (tanh counted as one)
+
+
+def _gelu_formula(x: torch.Tensor) -> torch.Tensor:
+    return 0.5 * x * (1.0 + torch.tanh(SQRT_2_OVER_PI * (x + 0.044715 * x**3)))
+
+
+@cache
+def _compiled_formula():
+    return torch.compile(_gelu_formula, dynamic=False)  # compiled lazily: CPU runs never pay for it
+
+
+BASELINES = {
+    "torch": lambda inputs: torch.nn.functional.gelu(inputs["x"], approximate="tanh"),  # one fused kernel
+    "torch.compile": lambda inputs: _compiled_formula()(inputs["x"]),  # the formula, fused by Inductor
+    "copy": lambda inputs: inputs["x"].clone(),  # the same bytes with no math: the bandwidth roof
+}
+
+BENCHMARKS = (
+    Benchmark("fp32-4096x8192", _case((4096, 8192), "float32"), bytes_moved=_bytes_moved, flops=_flops),
+    Benchmark("bf16-8192x8192", _case((8192, 8192), "bfloat16"), bytes_moved=_bytes_moved, flops=_flops),
+)
+
 EXERCISE = Exercise(
     name="gelu",
     module="gelu",
@@ -86,6 +121,10 @@ EXERCISE = Exercise(
             tolerances=TOLERANCES,
             points=10,
             integrity_cases=(_case((3, 257), "float16", "transposed"),),
+            benchmarks=BENCHMARKS,
+            baselines=BASELINES,
+            speed_baseline="torch",
+            speed_points=5,
         ),
     ),
 )

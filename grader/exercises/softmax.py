@@ -5,11 +5,13 @@ row of only ``-inf`` giving NaN.
 
 from __future__ import annotations
 
+from functools import cache
+
 import torch
 from hypothesis import strategies as st
 
 from grader import strategies, tensors
-from grader.spec import Case, Exercise, Part, Tolerances
+from grader.spec import Benchmark, Case, Exercise, Part, Tolerances
 
 MASKS = ("none", "some", "prefix", "all_first_row")
 
@@ -71,6 +73,42 @@ TOLERANCES = Tolerances(
     (torch.bfloat16, 1e-5, 1.6e-2),
 )
 
+# --- speed (GPU) -------------------------------------------------------------------------------
+# 128 MB in and 128 MB out, over twice the L2 of an H100/H200: short rows (4096 fp32, one block in
+# registers) and long rows (16384 fp16, past the one-block limit: the online kernel).
+
+
+def _bytes_moved(inputs: dict) -> float:
+    x = inputs["x"]
+    return 2 * x.numel() * x.element_size()  # a fused kernel reads each row once and writes it once
+
+
+def _flops(inputs: dict) -> float:
+    return 5 * inputs["x"].numel()  # max, subtract, exp, sum, scale
+
+
+def _softmax_formula(x: torch.Tensor) -> torch.Tensor:
+    z = x - x.amax(dim=-1, keepdim=True)
+    num = torch.exp(z)
+    return num / num.sum(dim=-1, keepdim=True)
+
+
+@cache
+def _compiled_formula():
+    return torch.compile(_softmax_formula, dynamic=False)  # compiled lazily: CPU runs never pay for it
+
+
+BASELINES = {
+    "torch": lambda inputs: torch.softmax(inputs["x"], dim=-1),
+    "torch.compile": lambda inputs: _compiled_formula()(inputs["x"]),
+    "copy": lambda inputs: inputs["x"].clone(),  # the same bytes with no math: the bandwidth roof
+}
+
+BENCHMARKS = (
+    Benchmark("fp32-8192x4096", _case((8192, 4096)), bytes_moved=_bytes_moved, flops=_flops),
+    Benchmark("fp16-4096x16384", _case((4096, 16384), "float16"), bytes_moved=_bytes_moved, flops=_flops),
+)
+
 EXERCISE = Exercise(
     name="softmax",
     module="softmax",
@@ -88,6 +126,10 @@ EXERCISE = Exercise(
             tolerances=TOLERANCES,
             points=10,
             integrity_cases=(_case((4, 257), "float16", "transposed"), _case((2, 8193))),
+            benchmarks=BENCHMARKS,
+            baselines=BASELINES,
+            speed_baseline="torch",
+            speed_points=5,
         ),
     ),
 )

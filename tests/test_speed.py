@@ -1,0 +1,369 @@
+"""Speed grading on a CPU: measuring with a fake clock (cached results caught, errors named), scoring
+(ratios, credit, messages, uncalibrated GPUs, the post-timing recheck), the pytest speed tests'
+skip on CPU, the slowed fixtures' correctness, and the bench table and plot."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from hypothesis import strategies as st
+
+from grader import bench, calibrate, check, exercises, loader, pytest_speed, speed, tensors
+from grader.runtime import configure
+from grader.spec import Benchmark, Case, Part, Tolerances
+from grader.thresholds import Threshold, Thresholds
+from grader.timing import FakeClock, StopRule
+
+ROOT = Path(__file__).resolve().parent.parent
+SLOW = Path(__file__).parent / "slow_fixtures"
+ROOF = {"copy_gbps": 20.0, "matmul_tflops": {"float32": 0.002}}
+GPU = "NVIDIA H100 80GB HBM3"
+
+
+def _toy_part(clock: FakeClock, *, torch_ms: float = 1.0, flops: bool = False, speed_points: float = 5) -> Part:
+    """y = 2x over n elements; the baselines advance the fake clock."""
+    case = Case({"n": 1024, "dtype": "float32"})
+
+    def make_inputs(case: Case) -> dict:
+        return {"x": torch.randn(case["n"], generator=tensors.generator(case.seed))}
+
+    def baseline(ms):
+        def run(inputs):
+            clock.advance(ms)
+            return inputs["x"] * 2
+
+        return run
+
+    return Part(
+        name="forward", functions=("double",), make_inputs=make_inputs,
+        call=lambda module, inputs: {"y": module.double(inputs["x"])},
+        reference=lambda inputs: {"y": inputs["x"].double() * 2},
+        cases=lambda device: st.just(case), examples=(case,), tolerances=Tolerances((torch.float32, 1e-6, 1e-6)),
+        benchmarks=(Benchmark("n1024", case, bytes_moved=lambda i: 8.0 * i["x"].numel(),
+                              flops=(lambda i: 1e6 * i["x"].numel()) if flops else None),),
+        baselines={"torch": baseline(torch_ms), "copy": baseline(0.8), "extra": baseline(5.0)},
+        speed_baseline="torch", speed_points=speed_points,
+    )
+
+
+def _module(clock: FakeClock, ms: float, compute=lambda x: x * 2):
+    def double(x):
+        clock.advance(ms)
+        return compute(x)
+
+    return SimpleNamespace(double=double)
+
+
+def _measure(part, module, clock, **kw):
+    return speed.measure_benchmark(part, module, part.benchmarks[0], device="cpu", clock=clock,
+                                   rule=StopRule(min_rounds=5), warmup_ms=0, graph_below_ms=None, **kw)
+
+
+def _calibrated(full=0.85, partial=0.5) -> Thresholds:
+    return Thresholds(GPU, {("toy", "forward", "n1024"): Threshold("torch", 0.9, 1.0, full, partial)},
+                      Path("grader/thresholds/h100.toml"))
+
+
+def _score(part, row, thresholds):
+    return speed.score_benchmark(part, row, exercise="toy", gpu=GPU, roofline=ROOF, thresholds=thresholds)
+
+
+def test_measure_times_the_student_against_the_grading_baselines():
+    clock = FakeClock()
+    part = _toy_part(clock)
+    row = _measure(part, _module(clock, 0.5), clock)
+    assert row.get("error") is None and row["stop"] == "converged"
+    assert set(row["times"]) == {"student", "torch", "copy"}  # "extra" is for grader bench only
+    assert row["times"]["student"]["median"] == pytest.approx(0.5)
+    assert row["times"]["torch"]["median"] == pytest.approx(1.0)
+    assert row["bytes"] == 8192.0 and row["flops"] is None and row["baseline"] == "torch"
+    with pytest.raises(ValueError, match="declares no baseline nope"):
+        _measure(part, _module(clock, 0.5), clock, baselines=["nope"])
+
+
+def test_fast_enough_gets_full_credit_with_numbers():
+    clock = FakeClock()
+    part = _toy_part(clock)
+    score = _score(part, _measure(part, _module(clock, 0.5), clock), _calibrated())
+    (r,) = score.rows
+    assert score.fraction == 1.0 and score.calibrated and r["threshold"] == "calibrated"
+    assert (r["ratio"], r["student_ms"], r["baseline_ms"], r["copy_ms"]) == pytest.approx((2.0, 0.5, 1.0, 0.8))
+    assert r["gbps"] == pytest.approx(8192 / 0.5e-3 / 1e9)
+    assert r["pct_roofline"] == pytest.approx(100 * (8192 / 20e9) / 0.5e-3)
+    assert r["bound"] == "memory" and r["reference_ms"] == 0.9
+    assert "speed: 100% (1 of 1 benchmark at full speed)" in score.message
+    assert "thresholds: grader/thresholds/h100.toml" in score.message
+
+
+def test_too_slow_says_measured_required_ratio_bandwidth_and_causes():
+    clock = FakeClock()
+    part = _toy_part(clock)
+    score = _score(part, _measure(part, _module(clock, 1.6), clock), _calibrated(full=0.85, partial=0.5))
+    (r,) = score.rows
+    assert r["ratio"] == pytest.approx(0.625)
+    assert score.fraction == pytest.approx((0.625 - 0.5) / 0.35)
+    message = score.message
+    assert "n1024: 1.600 ms = 0.62× the speed of torch (1.000 ms)" in message
+    assert "required: 0.85× torch (≤ 1.176 ms) for full credit" in message
+    assert "GB/s = 0% of the copy bandwidth (20 GB/s measured)" in message
+    assert "a plain copy of the same data takes 0.800 ms" in message
+    assert "memory-bound" in message and "BLOCK too small" in message and "uncoalesced loads" in message
+
+
+def test_compute_bound_hints():
+    clock = FakeClock()
+    part = _toy_part(clock, flops=True)
+    score = _score(part, _measure(part, _module(clock, 4.0), clock), _calibrated())
+    assert score.rows[0]["bound"] == "compute" and score.fraction == 0.0
+    assert "TFLOP/s" in score.message and "materialized scores" in score.message
+
+
+def test_a_cached_result_is_not_timed():
+    clock = FakeClock()
+    part = _toy_part(clock)
+    cache = {}
+
+    def cached(x):  # computes once per shape, then replays
+        clock.advance(0.01)
+        return cache.setdefault(tuple(x.shape), x * 2)
+
+    row = _measure(part, _module(clock, 0, compute=cached), clock)
+    assert "same result for two different inputs" in row["error"]
+    score = _score(part, row, _calibrated())
+    assert score.fraction == 0.0 and "cached" in score.message
+
+
+def test_a_stale_result_in_a_timed_run_is_caught():
+    clock = FakeClock()
+    part = _toy_part(clock)
+    previous = []
+
+    def one_behind(x):  # right during warm-up (each input set once), then returns the previous call's result
+        result = x * 2
+        previous.append(result)
+        return result if len(previous) <= 2 else previous[-2]
+
+    row = _measure(part, _module(clock, 0.1, compute=one_behind), clock)
+    assert "in a timed run differs from its result for the same input" in row["error"]
+
+
+def test_errors_are_named():
+    clock = FakeClock()
+    part = _toy_part(clock)
+
+    def boom(x):
+        raise RuntimeError("out of resources")
+
+    row = _measure(part, _module(clock, 0.1, compute=boom), clock)
+    assert row["error"].startswith("double raised RuntimeError: out of resources")
+
+    def todo(x):
+        raise NotImplementedError("write me")
+
+    row = _measure(part, _module(clock, 0.1, compute=todo), clock)
+    assert row["not_implemented"] and "not implemented yet" in row["error"]
+
+    row = _measure(part, _module(clock, 0.1, compute=lambda x: [x]), clock)
+    assert "double returned {y: list}, expected tensors" in row["error"]
+
+
+def test_uncalibrated_gpu_uses_the_calibrated_gpus_ratios(monkeypatch):
+    clock = FakeClock()
+    part = _toy_part(clock)
+    row = _measure(part, _module(clock, 1.6), clock)
+    monkeypatch.setattr(speed, "_portable", lambda: ({("toy", "forward", "n1024"): Threshold("torch", 1, 1, 0.6, 0.3)},
+                                                      ["h100", "h200"]))
+    score = _score(part, row, None)
+    assert not score.calibrated and score.rows[0]["threshold"] == "portable" and score.fraction == 1.0
+    assert f"this GPU ({GPU}) is not calibrated" in score.message
+    assert "the most lenient ratios of the calibrated GPUs (h100, h200)" in score.message
+    monkeypatch.setattr(speed, "_portable", lambda: ({}, []))
+    score = _score(part, row, None)
+    assert score.rows[0]["threshold"] == "default" and score.rows[0]["required_full"] == 0.5
+    assert "default ratios" in score.message and "grader calibrate" in score.message
+    # a file for this GPU without an entry for the benchmark, or for another baseline
+    score = _score(part, row, Thresholds(GPU, {("toy", "forward", "n1024"): Threshold("sdpa", 1, 1, 0.9, 0.5)}))
+    assert not score.calibrated and "has no entry for some benchmarks" in score.message
+
+
+def _measurement(part, module, clock, recheck_outputs=None):
+    row = _measure(part, module, clock)
+    case = part.benchmarks[0].case.with_seed(99)
+    entry = speed.recheck(part, module, case, "cpu")
+    if recheck_outputs is not None:
+        entry["outputs"] = recheck_outputs
+    return {"exercise": "toy", "part": "forward", "gpu": GPU, "device": "cpu", "roofline": ROOF,
+            "benchmarks": [row], "recheck": [entry]}
+
+
+def test_score_part_judges_the_recheck_on_fresh_inputs():
+    clock = FakeClock()
+    part = _toy_part(clock)
+    module = _module(clock, 0.5)
+    good = speed.score_part(part, _measurement(part, module, clock), thresholds=_calibrated())
+    assert good.fraction == 1.0
+    bad = speed.score_part(part, _measurement(part, module, clock, {"y": torch.zeros(1024)}), thresholds=_calibrated())
+    assert bad.fraction == 0.0 and bad.rows[0]["credit"] == 0.0
+    assert "on fresh inputs after the timed runs, double is wrong" in bad.message
+    judged = _measurement(part, module, clock, {"y": torch.zeros(1024)})
+    judged["recheck_verdict"] = check.Verdict(True).to_dict()  # the caller judged it already
+    assert speed.score_part(part, judged, thresholds=_calibrated()).fraction == 1.0
+    judged.pop("recheck_verdict")
+    judged.pop("recheck")  # the grader takes the entries out and judges them itself
+    assert speed.score_part(part, judged, thresholds=_calibrated()).fraction == 1.0
+
+
+def test_score_part_counts_unmeasured_benchmarks_as_zero():
+    clock = FakeClock()
+    part = _toy_part(clock)
+    score = speed.score_part(part, {"exercise": "toy", "gpu": GPU, "benchmarks": []}, thresholds=_calibrated())
+    assert score.fraction == 0.0 and score.rows[0]["error"] == "not measured"
+    assert score.to_dict()["rows"][0]["label"] == "n1024"
+
+
+def test_nothing_is_timed_on_a_cpu():
+    clock = FakeClock()
+    part = _toy_part(clock)
+    assert speed.measure_part(part, _module(clock, 1), device="cpu") == {"skipped": "not measured: no GPU"}
+    score = speed.score_part(part, {"skipped": speed.NOT_MEASURED}, thresholds=None)
+    assert score.skipped == "not measured: no GPU" and score.fraction == 0.0 and score.rows == []
+    ungraded = _toy_part(clock, speed_points=0)
+    assert "not speed-graded" in speed.measure_part(ungraded, _module(clock, 1), device="cuda")["skipped"]
+    assert speed.load_thresholds() is None  # no GPU here: not calibrated
+
+
+def test_speed_tests_exist_for_speed_graded_parts_only():
+    clock = FakeClock()
+    gelu = exercises.get("gelu")
+    tests = pytest_speed.speed_tests(gelu)
+    assert list(tests) == ["test_forward_speed"]
+    marks = {m.name: m for m in tests["test_forward_speed"].pytestmark}
+    assert {"speed", "benchmark", "parametrize"} <= set(marks)
+    assert marks["parametrize"].args[1] == gelu.parts[0].benchmarks
+    fake = SimpleNamespace(name="toy", title="Toy", parts=(_toy_part(clock, speed_points=0),))
+    assert pytest_speed.speed_tests(fake) == {}
+
+
+def test_speed_tests_are_skipped_on_cpu_with_the_reason():
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "assignments/gelu", "assignments/softmax", "--impl", "solutions",
+         "-m", "speed", "-rs", "-q", "-p", "no:cacheprovider"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "4 skipped" in proc.stdout
+    assert "speed tests need a CUDA GPU: kernels are running in the Triton interpreter" in proc.stdout
+
+
+def test_every_speed_spec_is_consistent():
+    for exercise in exercises.all_exercises():
+        for part in exercise.parts:
+            if not part.benchmarks:
+                continue
+            where = f"{exercise.name}.{part.name}"
+            labels = [b.label for b in part.benchmarks]
+            assert len(set(labels)) == len(labels), f"{where}: duplicate benchmark labels"
+            assert part.speed_baseline in part.baselines, f"{where}: speed_baseline is not a baseline"
+            assert all(callable(f) for f in part.baselines.values()), where
+
+
+# --- the slowed fixtures: correct, so that they lose only speed credit -------------------------
+
+
+def _slow_fixtures():
+    found = []
+    for module in sorted(SLOW.glob("*/*/*.py")):
+        doc = ast.get_docstring(ast.parse(module.read_text())) or ""
+        parts = [line.split(":", 1)[1].strip() for line in doc.splitlines() if line.startswith("slower:")]
+        found.append(pytest.param(module.parts[-3], module.parts[-2], parts, id=module.parts[-3]))
+    return found
+
+
+def test_slow_fixtures_exist():
+    names = {p.values[0] for p in _slow_fixtures()}
+    assert {"gelu_block32", "softmax_three_reads"} <= names
+
+
+@pytest.mark.parametrize(("name", "exercise_name", "parts"), _slow_fixtures())
+def test_slow_fixture_is_correct(name, exercise_name, parts):
+    assert parts, f"{name}: its docstring declares no 'slower: <part>' line"
+    exercise = exercises.get(exercise_name)
+    device = configure().device
+    root = SLOW / name
+    for part in map(exercise.part, parts):
+        assert part.benchmarks, f"{name}: {part.name} has no benchmarks to be slower on"
+        module = loader.load(root, exercise, part.functions)
+        for case in part.examples:
+            if part.skip(case, device) is None:
+                verdict = check.run_case(exercise, part, module, case, device)
+                assert verdict.passed, f"{name} must be correct: {verdict.message}"
+        case = next(c for c in part.integrity_cases or part.examples if part.skip(c, device) is None)
+        ex = check.execute(part, module, case, device)
+        verdict = check.judge_integrity(part, case, ex, student_dir=str(root / exercise.name))
+        assert verdict.passed, verdict.message
+
+
+# --- grader bench and grader calibrate ----------------------------------------------------------
+
+
+def _bench_result():
+    clock = FakeClock()
+    part = _toy_part(clock)
+    row = _measure(part, _module(clock, 1.5), clock, baselines=["torch", "copy", "extra"])
+    broken = {"label": "broken", "error": "double raised RuntimeError: boom\n  frame"}
+    return part, {"exercise": "toy", "part": "forward", "gpu": GPU, "roofline": ROOF, "baseline": "torch",
+                  "rows": [row, broken]}
+
+
+def test_bench_table_and_plot(tmp_path, monkeypatch):
+    from rich.console import Console
+
+    monkeypatch.setattr(speed, "_portable", lambda: ({}, []))
+    part, result = _bench_result()
+    rows = bench.table_rows(result, part, _calibrated())
+    yours = next(r for r in rows if r["impl"] == "yours")
+    assert yours["vs_baseline"] == pytest.approx(1 / 1.5) and yours["credit"]["credit"] < 1
+    assert {r["impl"] for r in rows} == {"yours", "torch", "copy", "extra"}
+    console = Console(record=True, width=200)
+    bench.render(result, rows, console)
+    text = console.export_text()
+    for expected in ("toy · forward on NVIDIA H100", "GB/s", "% roofline", "vs torch", "0.67×", "1.500 ms",
+                     "roofline: copy 20 GB/s", "error", "RuntimeError: boom"):
+        assert expected in text
+    pytest.importorskip("matplotlib")
+    png = bench.plot([(result, rows)], tmp_path / "gelu.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_and_calibrate_need_a_gpu(capsys):
+    args = argparse.Namespace(exercise="gelu", part=None, plot=None, impl="solutions", baselines=None, budget_s=1.0,
+                              json=None)
+    assert bench.run(args) == 2
+    assert "grader bench: needs a CUDA GPU" in capsys.readouterr().err
+    args.exercise = "nope"
+    assert bench.run(args) == 2
+    assert "unknown exercise 'nope'" in capsys.readouterr().err
+    args = argparse.Namespace(exercises=[], impl="solutions", out=None, repeats=1, budget_s=1.0, full_margin=0.85,
+                              partial_margin=0.5, no_recheck=True, json=None)
+    assert calibrate.run(args) == 2
+    assert "grader calibrate: needs a CUDA GPU" in capsys.readouterr().err
+    assert {(e.name, p.name) for e, p in calibrate.speed_parts()} >= {("gelu", "forward"), ("softmax", "forward")}
+
+
+def test_pytest_header_line_names_the_thresholds(tmp_path, monkeypatch):
+    monkeypatch.delenv("GRADER_THRESHOLDS", raising=False)
+    assert "this GPU (NVIDIA Z9000) is not calibrated" in speed.thresholds_summary("NVIDIA Z9000")
+    path = tmp_path / "h100.toml"
+    path.write_text('format = 1\n[gpu]\nname = "NVIDIA H100 80GB HBM3"\n')
+    monkeypatch.setenv("GRADER_THRESHOLDS", str(path))
+    assert speed.thresholds_summary("NVIDIA Z9000") == (
+        f"speed thresholds: {path} (calibrated on NVIDIA H100 80GB HBM3)")
+    path.write_text("format = 2\n")
+    assert "'format' must be 1" in speed.thresholds_summary("NVIDIA Z9000")
