@@ -6,7 +6,7 @@ once and writes it once (2·M·N·sizeof bytes) when the row fits in registers, 
 bandwidth: a few FLOPs per byte, far below the ridge point, so memory-bound.
 
 Two kernels:
-* ``_softmax_row_kernel``: the row fits in one block (N ≤ 8192): load once, max, exp, sum, store.
+* ``_softmax_row_kernel``: the row fits in one block (N ≤ 32768): load once, max, exp, sum, store.
 * ``_softmax_online_kernel``: longer rows. Pass 1 streams the row in blocks keeping a running max m
   and a running sum d of exp(x - m), rescaling d by exp(m_old - m_new) when the max grows (the online
   softmax of Milakov & Gimelshein, the heart of FlashAttention). Pass 2 writes exp(x - m) / d.
@@ -22,7 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
-MAX_FUSED_SIZE = 8192  # longest row kept in registers (32 KB of fp32 per program)
+MAX_FUSED_SIZE = 32768  # longest row kept in registers: measured on an H200, one pass beats the online
+# kernel up to here (97% vs 66% of copy bandwidth at 4096x32768 fp32); at 65536 both reach ~65%
 ONLINE_BLOCK = 4096
 
 
