@@ -1,13 +1,81 @@
-"""Placeholder: this command is being built (see the issue tracker)."""
+"""``grader verify``: grade ``solutions/`` like a submission and fail unless every exercise earns
+full marks — correctness and integrity everywhere, speed too on a calibrated GPU (on the CPU and
+on an uncalibrated GPU speed is not measured and not required). CI runs it on the CPU; it is the
+project's "main job on bundled data"."""
 
 from __future__ import annotations
 
 import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+from grader.grading.grade import UsageError, add_common, grade
+
+
+def default_solutions() -> Path:
+    import grader
+
+    return Path(grader.__file__).resolve().parent.parent / "solutions"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    pass
+    parser.add_argument("--solutions", default=None, metavar="DIR",
+                        help="the reference solutions (default: solutions/ next to the grader package)")
+    parser.add_argument("--out", default=None, metavar="DIR", help="also keep the reports here")
+    add_common(parser)
+
+
+def failures(batch) -> list[str]:
+    """Every line short of full marks (speed only where this GPU is calibrated), as "line: points" plus the
+    line's key message."""
+    problems = []
+    for report in batch.reports:
+        for score, result in report.exercises:
+            if score.status != "graded":
+                first = score.message.splitlines()[0] if score.message else ""
+                problems.append(f"{score.exercise}: {score.status}: {first}")
+                continue
+            calibrated = {part.name: bool((part.speed or {}).get("calibrated")) for part in result.parts}
+            for line in score.lines:
+                if line.component == "speed" and not calibrated.get(line.part):
+                    continue  # speed is required on a calibrated GPU only
+                if (line.max_score > 0 and line.score < line.max_score - 1e-9) or not line.passed:
+                    detail = line.output.strip().splitlines()[:8]
+                    problems.append(f"{line.name}: {_pts(line.score)}/{_pts(line.max_score)}"
+                                    + "".join(f"\n    {d}" for d in detail))
+            problems.extend(f"{score.exercise}: {p.splitlines()[0]}" for p in result.problems)
+    return problems
+
+
+def _pts(value: float) -> str:
+    return f"{round(value, 2):g}"
 
 
 def run(args: argparse.Namespace) -> int:
-    raise SystemExit("grader: this command is not available yet")
+    solutions = Path(args.solutions) if args.solutions else default_solutions()
+    if not solutions.is_dir():
+        print(f"grader verify: no solutions directory at {solutions} (this is the staff command)", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="grader-verify-") as tmp:
+        out = Path(args.out) if args.out else Path(tmp)
+        try:
+            batch = grade([str(solutions)], out=out, options=args, title="grader verify", solutions_id="solutions")
+        except UsageError as exc:
+            print(f"grader verify: {exc}", file=sys.stderr)
+            return 2
+        problems = failures(batch)
+    if problems:
+        print("grader verify: FAILED — the reference solutions do not earn full marks:", file=sys.stderr)
+        for problem in problems:
+            print(f"  {problem}", file=sys.stderr)
+        return 1
+    speed_note = " (speed not measured: no GPU)" if "CUDA" not in batch.device else ""
+    uncalibrated = sorted({f"{s.exercise}/{line.part}" for r in batch.reports for s, res in r.exercises
+                           for line in s.lines if line.component == "speed"
+                           and not any(p.name == line.part and (p.speed or {}).get("calibrated") for p in res.parts)})
+    if uncalibrated:
+        speed_note = f" (speed not required: this GPU is not calibrated for {', '.join(uncalibrated)})"
+    print(f"grader verify: OK — every exercise earns full marks{speed_note} in {batch.elapsed_s:.1f} s",
+          file=sys.stderr)
+    return 0

@@ -1,0 +1,285 @@
+"""Turn what a student hands in into an implementation tree laid out like ``assignments/``.
+
+A submission is one of
+
+* a directory laid out like ``assignments/`` (``<exercise>/<module>.py``), or containing one
+  (``assignments/`` inside it, or a single top-level folder);
+* a ``.zip`` of such a directory;
+* a Jupyter notebook (``.ipynb``) whose code cells define the modules: every code cell whose first
+  line is ``# %% exercise: <name>`` belongs to exercise ``<name>``; an exercise's cells, in order, form
+  its module. Other cells are ignored. IPython magics (lines starting with ``%`` or ``!``) are
+  commented out.
+
+The student id is the directory or file name without extension, unless the submission carries a
+manifest: ``student.toml`` with ``student_id = "..."`` next to the exercise folders or at the top
+(directories, zips), or the notebook
+metadata ``{"grader": {"student_id": "..."}}``. Ids are reduced to ``[A-Za-z0-9._-]``.
+
+A folder that holds submissions rather than exercise folders (several student folders, zips or notebooks)
+stands for the submissions in it: ``grader grade export/`` grades every one.
+
+Everything is copied into a private directory first (regular files only: links are skipped; size
+and file-count limits apply), so grading never runs in, or writes to, the submitted files.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import stat
+import tomllib
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from grader.spec import Exercise
+
+MARKER = re.compile(r"^\s*#\s*%%\s*exercise:\s*(\S+)\s*$")
+MANIFEST = "student.toml"
+MAX_BYTES = 64 << 20
+MAX_FILES = 5000
+_IGNORED = {"__pycache__", ".git", ".ipynb_checkpoints", "__MACOSX", ".hypothesis", ".pytest_cache"}
+
+
+@dataclass
+class Submission:
+    student: str
+    source: Path
+    kind: str  # "directory" | "zip" | "notebook"
+    root: Path | None = None  # the implementation tree; None when nothing in it can be graded
+    problems: list[str] = field(default_factory=list)  # what is wrong with the submission as a whole
+
+    @property
+    def usable(self) -> bool:
+        return self.root is not None
+
+
+class SubmissionError(Exception):
+    """The submission cannot be read at all (the message says why)."""
+
+
+def sanitize(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._-") or "student"
+
+
+def kind_of(path: Path) -> str:
+    if path.is_dir():
+        return "directory"
+    if path.suffix.lower() == ".zip":
+        return "zip"
+    if path.suffix.lower() == ".ipynb":
+        return "notebook"
+    raise SubmissionError(f"{path}: not a directory, .zip or .ipynb")
+
+
+def is_batch(path: Path, exercises: tuple[Exercise, ...]) -> bool:
+    """A folder of submissions (e.g. a course site's export), rather than one submission: no exercise
+    module at its top or in its ``assignments/``, and either several entries that look like submissions
+    or a .zip/.ipynb among them."""
+    if not path.is_dir() or find_root(path, exercises, depth=0) or (path / "assignments").is_dir():
+        return False
+    entries = [p for p in path.iterdir() if not p.name.startswith(".") and p.name not in _IGNORED]
+    looks = [p for p in entries if p.is_dir() or p.suffix.lower() in (".zip", ".ipynb")]
+    return len(looks) >= 2 or any(p.suffix.lower() in (".zip", ".ipynb") for p in looks)
+
+
+def expand(paths: list[Path], exercises: tuple[Exercise, ...]) -> list[Path]:
+    """The submissions named by ``paths``: a folder of submissions stands for its entries."""
+    out = []
+    for path in paths:
+        if is_batch(path, exercises):
+            out.extend(sorted(p for p in path.iterdir() if not p.name.startswith(".") and p.name not in _IGNORED
+                              and (p.is_dir() or p.suffix.lower() in (".zip", ".ipynb"))))
+        else:
+            out.append(path)
+    return out
+
+
+def default_id(path: Path) -> str:
+    return sanitize(path.name if path.is_dir() else path.stem)
+
+
+def prepare(path: Path, dest: Path, exercises: tuple[Exercise, ...]) -> Submission:
+    """Copy/extract ``path`` into ``dest`` and find its implementation tree; problems are recorded on
+    the returned Submission, never raised (except for a path that is not a submission at all)."""
+    path = Path(path)
+    kind = kind_of(path)
+    sub = Submission(default_id(path), path, kind)
+    dest.mkdir(parents=True, exist_ok=True)
+    try:
+        if kind == "notebook":
+            sub.root = _from_notebook(path, dest / "impl", exercises, sub)
+        else:
+            tree = dest / "files"
+            if kind == "zip":
+                _extract_zip(path, tree, sub)
+            else:
+                _copy_tree(path, tree, sub)
+            sub.root = find_root(tree, exercises)
+            for folder in (tree, sub.root, sub.root.parent if sub.root else None):
+                if folder is not None and (folder / MANIFEST).is_file():
+                    sub.student = _manifest_id(folder / MANIFEST, sub) or sub.student
+                    break
+            if sub.root is None:
+                names = ", ".join(f"{e.name}/{e.module}.py" for e in exercises)
+                sub.problems.append(f"{path.name}: no exercise module found (expected files like {names})")
+                sub.root = tree  # every exercise is then "not submitted"
+    except SubmissionError as exc:
+        sub.problems.append(str(exc))
+        sub.root = None
+    return sub
+
+
+def _manifest_id(manifest: Path, sub: Submission) -> str | None:
+    try:
+        data = tomllib.loads(manifest.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        sub.problems.append(f"{MANIFEST} is not valid TOML ({exc}); using the id {sub.student!r}")
+        return None
+    value = data.get("student_id")
+    return sanitize(str(value)) if value else None
+
+
+def find_root(tree: Path, exercises: tuple[Exercise, ...], depth: int = 2) -> Path | None:
+    """The folder holding ``<exercise>/<module>.py`` files: ``tree`` itself, its ``assignments/``, or
+    (for a zipped folder) its only subfolder."""
+    if any((tree / e.name / f"{e.module}.py").is_file() for e in exercises):
+        return tree
+    if depth == 0:
+        return None
+    if (tree / "assignments").is_dir():
+        found = find_root(tree / "assignments", exercises, depth - 1)
+        if found:
+            return found
+    subdirs = [d for d in tree.iterdir() if d.is_dir() and d.name not in _IGNORED and not d.name.startswith(".")]
+    if len(subdirs) == 1:
+        return find_root(subdirs[0], exercises, depth - 1)
+    return None
+
+
+def _copy_tree(src: Path, dst: Path, sub: Submission) -> None:
+    count = size = 0
+    for item in sorted(src.rglob("*")):
+        rel = item.relative_to(src)
+        if any(part in _IGNORED for part in rel.parts):
+            continue
+        if item.is_symlink():
+            sub.problems.append(f"{rel}: symbolic links are not graded (skipped)")
+            continue
+        if item.is_dir():
+            (dst / rel).mkdir(parents=True, exist_ok=True)
+            continue
+        if not item.is_file():
+            continue
+        count += 1
+        size += item.stat().st_size
+        if count > MAX_FILES or size > MAX_BYTES:
+            raise SubmissionError(f"{src.name}: more than {MAX_FILES} files or {MAX_BYTES >> 20} MB")
+        (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(item, dst / rel)
+    dst.mkdir(parents=True, exist_ok=True)
+
+
+def _extract_zip(src: Path, dst: Path, sub: Submission) -> None:
+    if not zipfile.is_zipfile(src):
+        raise SubmissionError(f"{src.name} is not a valid zip file")
+    try:
+        with zipfile.ZipFile(src) as zf:
+            infos = zf.infolist()
+            if len(infos) > MAX_FILES or sum(i.file_size for i in infos) > MAX_BYTES:
+                raise SubmissionError(f"{src.name}: more than {MAX_FILES} files or {MAX_BYTES >> 20} MB unpacked")
+            dst.mkdir(parents=True, exist_ok=True)
+            for info in infos:
+                name = PurePosixPath(info.filename)
+                if name.is_absolute() or ".." in name.parts:
+                    sub.problems.append(f"{info.filename}: path outside the archive (skipped)")
+                    continue
+                if any(part in _IGNORED for part in name.parts):
+                    continue
+                mode = info.external_attr >> 16
+                if stat.S_ISLNK(mode):
+                    sub.problems.append(f"{info.filename}: symbolic links are not graded (skipped)")
+                    continue
+                target = dst.joinpath(*name.parts)
+                if info.is_dir():
+                    target.mkdir(parents=True, exist_ok=True)
+                    continue
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with zf.open(info) as fin, open(target, "wb") as fout:
+                    shutil.copyfileobj(fin, fout)
+    except (zipfile.BadZipFile, OSError, EOFError) as exc:
+        raise SubmissionError(f"{src.name} could not be unpacked: {exc}") from None
+
+
+def notebook_modules(nb, exercises: tuple[Exercise, ...]) -> tuple[dict[str, str], list[str]]:
+    """``{exercise: module source}`` from the marked code cells, and problems found on the way."""
+    known = {e.name for e in exercises}
+    sources: dict[str, list[str]] = {}
+    problems = []
+    for index, cell in enumerate(nb.cells):
+        if cell.get("cell_type") != "code":
+            continue
+        source = cell.get("source", "")
+        source = "".join(source) if isinstance(source, list) else str(source)
+        lines = source.splitlines()
+        first = next((line for line in lines if line.strip()), "")
+        match = MARKER.match(first)
+        if not match:
+            continue
+        name = match.group(1)
+        if name not in known:
+            problems.append(f"cell {index + 1} is marked for an unknown exercise {name!r} "
+                            f"(known: {', '.join(sorted(known))})")
+            continue
+        body = ["# [ipython magic, not graded] " + line if line.lstrip().startswith(("%", "!")) else line
+                for line in lines]
+        sources.setdefault(name, []).append(f"# --- notebook cell {index + 1} ---\n" + "\n".join(body) + "\n")
+    return {name: "\n".join(parts) for name, parts in sources.items()}, problems
+
+
+def read_notebook(path: Path):
+    """Read and validate a notebook; SubmissionError says what is wrong with a malformed one."""
+    import warnings
+
+    import nbformat
+
+    with warnings.catch_warnings():  # missing cell ids: nbformat warns, and validate() says what matters
+        warnings.simplefilter("ignore")
+        try:
+            nb = nbformat.read(str(path), as_version=4)
+        except Exception as exc:  # nbformat raises NotJSONError, ValueError, KeyError, ... on bad files
+            raise SubmissionError(
+                f"notebook {path.name} is not valid: {_first_line(exc) or type(exc).__name__}"
+            ) from None
+        try:
+            nbformat.validate(nb)
+        except nbformat.ValidationError as exc:
+            where = "/".join(str(p) for p in getattr(exc, "absolute_path", []) or [])
+            raise SubmissionError(
+                f"notebook {path.name} is not valid: {_first_line(exc)}" + (f" (at {where})" if where else "")
+            ) from None
+    return nb
+
+
+def _first_line(exc: Exception) -> str:
+    message = getattr(exc, "message", None) or str(exc)
+    return str(message).strip().splitlines()[0] if str(message).strip() else ""
+
+
+def _from_notebook(path: Path, impl: Path, exercises: tuple[Exercise, ...], sub: Submission) -> Path:
+    nb = read_notebook(path)
+    meta = nb.metadata.get("grader", {}) if isinstance(nb.metadata, dict) else {}
+    if isinstance(meta, dict) and meta.get("student_id"):
+        sub.student = sanitize(str(meta["student_id"]))
+    modules, problems = notebook_modules(nb, exercises)
+    sub.problems.extend(f"notebook {path.name}: {p}" for p in problems)
+    if not modules:
+        sub.problems.append(f"notebook {path.name} has no code cell starting with '# %% exercise: <name>' "
+                            "(see grader/grading/README.md)")
+    impl.mkdir(parents=True, exist_ok=True)
+    by_name = {e.name: e for e in exercises}
+    for name, source in modules.items():
+        exercise = by_name[name]
+        (impl / name).mkdir(parents=True, exist_ok=True)
+        (impl / name / f"{exercise.module}.py").write_text(source)
+    return impl

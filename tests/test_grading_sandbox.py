@@ -1,0 +1,140 @@
+"""The sandbox around a worker: time-outs kill the whole process group, leftover and escaped children are
+killed, output is capped, memory is limited, and the result channel survives (or reports) garbage."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from grader.grading import channel, sandbox
+
+
+def _run(code: str, tmp_path: Path, **kwargs) -> sandbox.Outcome:
+    options = {"stdin_data": b"", "cwd": str(tmp_path), "env": sandbox.minimal_env({}, str(tmp_path)),
+               "timeout_s": 20.0, "rss_limit_bytes": None, "output_cap": 4096}
+    options.update(kwargs)
+    return sandbox.run([sys.executable, "-c", code], **options)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _wait_dead(pid: int, seconds: float = 5.0) -> bool:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if not _alive(pid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_timeout_kills_the_process_group_including_grandchildren(tmp_path):
+    pidfile = tmp_path / "pids"
+    code = (
+        "import subprocess, sys, time\n"
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        f"open({str(pidfile)!r}, 'w').write(str(p.pid))\n"
+        "time.sleep(600)\n"
+    )
+    start = time.monotonic()
+    out = _run(code, tmp_path, timeout_s=5.0)
+    assert out.timed_out and out.returncode is None
+    assert time.monotonic() - start < 15
+    child = int(pidfile.read_text())
+    assert _wait_dead(child), f"grandchild {child} survived the time-out"
+
+
+def test_children_left_running_after_a_normal_exit_are_killed(tmp_path):
+    pidfile = tmp_path / "pids"
+    code = (
+        "import subprocess, sys\n"
+        "a = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        "b = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], start_new_session=True)\n"
+        f"open({str(pidfile)!r}, 'w').write(f'{{a.pid}} {{b.pid}}')\n"
+    )
+    out = _run(code, tmp_path)
+    assert out.returncode == 0 and not out.timed_out
+    in_group, escaped = map(int, pidfile.read_text().split())
+    assert out.leftover_killed == 2
+    assert _wait_dead(in_group), "a child in the worker's process group survived"
+    assert _wait_dead(escaped), "a child that called setsid survived (the environment token should find it)"
+
+
+def test_output_is_capped_and_counted(tmp_path):
+    out = _run("import sys; sys.stdout.write('x' * 1_000_000); sys.stderr.write('e' * 10)", tmp_path,
+               output_cap=1000)
+    assert out.returncode == 0
+    assert len(out.stdout.data) == 1000 and out.stdout.total == 1_000_000
+    assert "999000 more bytes of output not kept" in out.stdout.text()
+    assert out.stderr.text() == "e" * 10
+
+
+def test_signals_are_named(tmp_path):
+    out = _run("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)", tmp_path)
+    assert out.signal_name == "SIGSEGV"
+
+
+def test_resident_memory_limit_kills_the_group(tmp_path):
+    code = "import time; x = bytearray(400 << 20); time.sleep(30)"
+    out = _run(code, tmp_path, rss_limit_bytes=100 << 20)
+    assert out.memory_exceeded and out.returncode is None
+    assert out.elapsed_s < 20
+
+
+def test_minimal_env_keeps_only_what_the_worker_needs(tmp_path, monkeypatch):
+    monkeypatch.setenv("GRADER_SECRET", "do-not-leak")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "nope")
+    env = sandbox.minimal_env({"GRADER_DEVICE": "cpu"}, str(tmp_path))
+    assert "GRADER_SECRET" not in env and "AWS_SECRET_ACCESS_KEY" not in env
+    assert env["HOME"] == str(tmp_path) and env["GRADER_DEVICE"] == "cpu"
+
+
+def test_channel_round_trip_and_damage(tmp_path):
+    path = tmp_path / "channel"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT)
+    channel.write_record(fd, {"type": "hello"})
+    channel.write_record(fd, {"type": "result", "id": "a", "outputs": {"y": torch.arange(3.0)}})
+    os.close(fd)
+    data = path.read_bytes()
+    decoded = channel.read_records(data)
+    assert decoded.problem is None and [r["type"] for r in decoded.records] == ["hello", "result"]
+    assert torch.equal(decoded.records[1]["outputs"]["y"], torch.arange(3.0))
+
+    torn = channel.read_records(data[:-5])
+    assert len(torn.records) == 1 and "torn record" in torn.problem
+    garbage = channel.read_records(data + b"not a record at all")
+    assert len(garbage.records) == 2 and "unexpected bytes" in garbage.problem
+
+
+def test_channel_never_unpickles_arbitrary_objects(tmp_path, capfd):
+    """The verdict process loads with weights_only: an object that would run code on load is refused."""
+    marker = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    fd = os.open(tmp_path / "channel", os.O_WRONLY | os.O_CREAT)
+    channel.write_record(fd, {"type": "result", "evil": Evil()})  # torch.save pickles os.system by name
+    os.close(fd)
+    decoded = channel.read_records((tmp_path / "channel").read_bytes())
+    assert decoded.records == [] and "not valid data" in decoded.problem
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("value", [None, {"y": "not a tensor"}, [1, 2]])
+def test_malformed_execution_records_are_rejected(value):
+    from grader.grading.runner import Malformed, _execution
+
+    with pytest.raises(Malformed):
+        _execution({"execution": {"outputs": value, "error_kind": None} if value is not None else None})

@@ -1,0 +1,317 @@
+"""Units of the instructor grader that need no worker: submissions (directories, zips, notebooks), the
+course file and scoring, and the report formats (the HTML one rendered in headless Chromium)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import zipfile
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from grader import exercises
+from grader.grading import reports, runner, scoring, submission
+from grader.grading.runner import Check, ExerciseResult, PartResult
+
+ALL = exercises.all_exercises()
+GELU = exercises.get("gelu")
+
+
+# ------------------------------------------------------------------------------------- submissions
+
+
+def _tree(root: Path, body: str = "def gelu(x):\n    return x\n") -> Path:
+    (root / "gelu").mkdir(parents=True)
+    (root / "gelu" / "gelu.py").write_text(body)
+    return root
+
+
+def test_directory_submission_is_copied_and_its_id_is_the_folder_name(tmp_path):
+    src = _tree(tmp_path / "alice smith")
+    (src / "gelu" / "__pycache__").mkdir()
+    (src / "gelu" / "__pycache__" / "junk.pyc").write_bytes(b"x")
+    (src / "link.py").symlink_to("/etc/passwd")
+    sub = submission.prepare(src, tmp_path / "work", ALL)
+    assert sub.student == "alice_smith" and sub.kind == "directory"
+    assert sub.root is not None and (sub.root / "gelu" / "gelu.py").read_text().startswith("def gelu")
+    assert not sub.root.is_relative_to(src)
+    assert not (sub.root / "gelu" / "__pycache__").exists() and not (sub.root / "link.py").exists()
+    assert any("symbolic links are not graded" in p for p in sub.problems)
+
+
+def test_nested_assignments_folder_and_manifest(tmp_path):
+    src = tmp_path / "upload"
+    _tree(src / "assignments")
+    (src / "assignments" / "student.toml").write_text('student_id = "bob@example.com"\n')
+    sub = submission.prepare(src, tmp_path / "work", ALL)
+    assert sub.root == tmp_path / "work" / "files" / "assignments"
+    assert sub.student == "bob_example.com"
+
+
+def test_zip_slip_and_links_are_skipped(tmp_path):
+    path = tmp_path / "carol.zip"
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("carol/gelu/gelu.py", "def gelu(x):\n    return x\n")
+        zf.writestr("../../evil.py", "print('escaped')")
+        info = zipfile.ZipInfo("carol/link")
+        info.external_attr = 0o120777 << 16
+        zf.writestr(info, "/etc/passwd")
+    sub = submission.prepare(path, tmp_path / "work", ALL)
+    assert sub.student == "carol" and sub.root is not None and (sub.root / "gelu" / "gelu.py").is_file()
+    assert not (tmp_path / "evil.py").exists() and not (tmp_path / "work" / "evil.py").exists()
+    assert any("outside the archive" in p for p in sub.problems)
+    assert any("symbolic links" in p for p in sub.problems)
+
+
+def test_folder_without_exercises_reports_what_it_expected(tmp_path):
+    (tmp_path / "dave" / "a").mkdir(parents=True)
+    (tmp_path / "dave" / "b").mkdir()
+    sub = submission.prepare(tmp_path / "dave", tmp_path / "work", ALL)
+    assert sub.usable
+    assert any("no exercise module found (expected files like gelu/gelu.py" in p for p in sub.problems)
+
+
+def test_notebook_cells_become_modules(tmp_path):
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("import this_is_not_graded"),
+        nbformat.v4.new_code_cell("# %% exercise: gelu\nimport torch\n%matplotlib inline\n"
+                                  "def gelu(x):\n    return x"),
+        nbformat.v4.new_markdown_cell("# %% exercise: softmax\n(markdown: ignored)"),
+        nbformat.v4.new_code_cell("\n# %% exercise: gelu\nHELPER = 1"),
+        nbformat.v4.new_code_cell("# %% exercise: nonsense\npass"),
+    ], metadata={"grader": {"student_id": "erin"}})
+    path = tmp_path / "whatever.ipynb"
+    nbformat.write(nb, str(path))
+    sub = submission.prepare(path, tmp_path / "work", ALL)
+    assert sub.student == "erin" and sub.kind == "notebook"
+    module = (sub.root / "gelu" / "gelu.py").read_text()
+    assert "def gelu(x)" in module and "HELPER = 1" in module and "this_is_not_graded" not in module
+    assert "# [ipython magic, not graded] %matplotlib inline" in module
+    compile(module, "gelu.py", "exec")
+    assert not (sub.root / "softmax").exists()
+    assert any("unknown exercise 'nonsense'" in p for p in sub.problems)
+
+
+def test_notebook_without_marked_cells_says_how_to_mark_them(tmp_path):
+    path = tmp_path / "empty.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("def gelu(x): pass")]), str(path))
+    sub = submission.prepare(path, tmp_path / "work", ALL)
+    assert any("no code cell starting with '# %% exercise: <name>'" in p for p in sub.problems)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("{ not json", "is not valid: Notebook does not appear to be JSON"),
+    ('{"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5, "extra": 1}', "is not valid: Additional"),
+    ('{"nbformat": 4, "nbformat_minor": 5, "metadata": {}}', "is not valid: The notebook is invalid and is missing "
+                                                           "an expected key: cells"),
+])
+def test_malformed_notebooks_are_explained(tmp_path, text, message):
+    path = tmp_path / "bad.ipynb"
+    path.write_text(text)
+    sub = submission.prepare(path, tmp_path / "work", ALL)
+    assert not sub.usable
+    assert any(p.startswith("notebook bad.ipynb") and message in p for p in sub.problems), sub.problems
+
+
+def test_not_a_submission_is_a_usage_error(tmp_path):
+    (tmp_path / "notes.txt").write_text("hi")
+    with pytest.raises(submission.SubmissionError, match=r"not a directory, \.zip or \.ipynb"):
+        submission.prepare(tmp_path / "notes.txt", tmp_path / "work", ALL)
+
+
+# ------------------------------------------------------------------------------------------ scoring
+
+
+def _result(status="graded", passed=(True, True, True, True), flags=(), integrity_ok=True, speed=None):
+    part = PartResult("forward", status)
+    part.correctness = [Check(f"c{i}", "example", f"case {i}", ok, "" if ok else f"wrong on case {i}",
+                              size=10 * (i + 1)) for i, ok in enumerate(passed)]
+    part.integrity = [Check("i0", "integrity", "case", integrity_ok, "" if integrity_ok else "raised")]
+    part.flags = [dict(f) for f in flags]
+    part.speed = speed or {"status": "not measured", "message": "not measured: no GPU", "fraction": None}
+    return ExerciseResult("gelu", "Fused GeLU", "graded", parts=[part])
+
+
+def test_course_file_loads_and_scales_to_the_total():
+    course = scoring.load_course(known=tuple(e.name for e in ALL))
+    assert course.total > 0 and course.correctness in scoring.CORRECTNESS_MODES
+    full = sum(course.scale(ALL) * course.weight(e.name) * scoring.declared_max(e) for e in ALL)
+    assert full == pytest.approx(course.total)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[course]\ntotal = 0\n", "total must be positive"),
+    ("[grading]\ncorrectness = 'most'\n", "correctness must be one of"),
+    ("[weights]\ngelu = -1\n", "must not be negative"),
+    ("[course\n", "is not valid TOML"),
+])
+def test_bad_course_files_are_explained(tmp_path, text, message):
+    path = tmp_path / "course.toml"
+    path.write_text(text)
+    with pytest.raises(scoring.CourseError, match=message):
+        scoring.load_course(path)
+
+
+def test_correctness_is_a_fraction_or_all_or_nothing(tmp_path):
+    result = _result(passed=(True, True, True, False))
+    fraction = scoring.score_exercise(GELU, result, scoring.Course(total=100.0), (GELU,))
+    (line, *_) = fraction.lines
+    assert line.score == pytest.approx(0.75 * line.max_score) and not line.passed
+    assert "3 of 4 checks passed" in line.output and "wrong on case 3" in line.output
+    strict = scoring.score_exercise(GELU, result, scoring.Course(total=100.0, correctness="all-or-nothing"), (GELU,))
+    assert strict.lines[0].score == 0
+
+
+def test_smallest_failing_case_is_reported_first():
+    result = _result(passed=(True, False, True, False))
+    assert result.parts[0].first_failure().label == "case 1"
+
+
+def test_an_integrity_flag_zeroes_the_whole_part():
+    speed = {"status": "measured", "fraction": 1.0, "message": "fast", "rows": []}
+    flagged = _result(flags=[{"rule": "no-torch-compute", "message": "gelu called aten.gelu"}], speed=speed)
+    score = scoring.score_exercise(GELU, flagged, scoring.Course(total=100.0), (GELU,))
+    assert score.score == 0
+    assert any("[no-torch-compute] gelu called aten.gelu" in line.output for line in score.lines)
+    clean = scoring.score_exercise(GELU, _result(speed=speed), scoring.Course(total=100.0), (GELU,))
+    assert clean.score == pytest.approx(clean.max_score) and clean.score == pytest.approx(100.0)
+
+
+def test_speed_is_worth_nothing_where_it_was_not_measured():
+    part = GELU.parts[0]
+    score = scoring.score_exercise(GELU, _result(), scoring.Course(total=100.0), (GELU,))
+    assert [ln.component for ln in score.lines] == ["correctness", "integrity"]
+    if part.speed_points:
+        assert score.max_score == pytest.approx(100.0 * part.points / scoring.declared_max(GELU))
+    half = _result(speed={"status": "measured", "fraction": 0.5, "message": "half", "rows": []})
+    scored = scoring.score_exercise(GELU, half, scoring.Course(total=100.0), (GELU,))
+    if part.speed_points:
+        speed_line = scored.lines[-1]
+        assert speed_line.component == "speed" and speed_line.score == pytest.approx(speed_line.max_score / 2)
+
+
+def test_not_submitted_scores_zero_with_the_reason(tmp_path):
+    settings = runner.Settings(device="cpu", secret="s", n_random=0, timeout_s=5, memory_mb=None, workdir=tmp_path)
+    result = runner.grade_exercise(GELU, tmp_path / "empty", settings, tmp_path / "scratch")
+    assert result.status == "not submitted" and "not submitted: no gelu/gelu.py" in result.message
+    score = scoring.score_exercise(GELU, result, scoring.Course(), (GELU,))
+    assert score.score == 0 and score.max_score > 0
+
+
+# ------------------------------------------------------------------------------------------ reports
+
+ROWS = [
+    {"label": "4096x4096 fp16", "student_ms": 0.21, "baseline_ms": 0.35, "ratio": 1.67, "required_full": 1.5,
+     "required_partial": 0.9, "gbps": 1280.0, "tflops": 0.9, "pct_roofline": 61.0},
+    {"label": "1M fp32", "student_ms": 0.02, "baseline_ms": 0.03, "ratio": 1.5, "required_full": 1.5,
+     "required_partial": 0.9, "gbps": 800.0, "tflops": 0.5, "pct_roofline": 40.0},
+]
+
+
+def _report(tmp_path) -> reports.StudentReport:
+    speed = {"status": "measured", "fraction": 0.8, "message": "speed: 80% <b>not html</b>", "rows": ROWS,
+             "roofline": {"copy_gbps": 3000.0, "matmul_tflops": {"float16": 700.0}}}
+    result = _result(passed=(True, False), flags=[{"rule": "fresh-inputs", "message": "replayed <script>"}],
+                     speed=speed)
+    missing = ExerciseResult("softmax", "Fused softmax", "not submitted", "not submitted: no softmax/softmax.py",
+                             parts=[PartResult("forward", "not submitted", "not submitted: no softmax/softmax.py")])
+    course = scoring.Course(total=20.0)
+    pairs = [(scoring.score_exercise(e, r, course, ALL[:2]), r) for e, r in ((GELU, result), (ALL[1], missing))]
+    return reports.StudentReport("zoe", "/subs/zoe.zip", "zip", ["a problem"], "CUDA on a test GPU", pairs, 12.0)
+
+
+def test_markdown_gradescope_and_csv(tmp_path):
+    report = _report(tmp_path)
+    reports.write_student(tmp_path, report)
+    md = (tmp_path / "zoe" / "report.md").read_text()
+    assert "# Grade report: zoe" in md and "not submitted: no softmax/softmax.py" in md
+    assert "Integrity flag `fresh-inputs`" in md and "| 4096x4096 fp16 |" in md
+    data = json.loads((tmp_path / "zoe" / "results.json").read_text())
+    assert data["score"] == pytest.approx(report.score) and data["tests"]
+    assert {t["status"] for t in data["tests"]} <= {"passed", "failed"}
+    gradebook = reports.gradebook_csv([report], ["gelu", "softmax"])
+    header, row = gradebook.splitlines()[:2]
+    assert header.startswith("student,total,max_total,gelu,softmax,gelu_status,softmax_status")
+    assert row.startswith("zoe,0,") and "not submitted" in row
+
+
+def test_roofline_svg_has_a_point_per_benchmark_and_the_roof():
+    svg = reports.roofline_svg(ROWS, title="t", peak_gbps=3000.0, peak_tflops=700.0)
+    assert svg.startswith("<svg") and svg.count('class="point"') == 2 and "<polyline" in svg
+    bars = reports.roofline_svg([{"label": "copy", "gbps": 900.0, "pct_roofline": 30.0}], title="t")
+    assert "% of roofline" in bars and bars.count('class="point"') == 1
+    assert reports.roofline_svg([{"label": "x"}], title="t") == ""
+
+
+def test_html_escapes_student_controlled_text(tmp_path):
+    page = reports.render_html(_report(tmp_path))
+    assert "<script>" not in page and "replayed &lt;script&gt;" in page
+    assert "<b>not html</b>" not in page
+
+
+def _chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+
+
+@pytest.mark.skipif(_chromium() is None, reason="chromium is not installed (apt-get install -y chromium)")
+def test_html_report_renders_in_headless_chromium(tmp_path):
+    report = _report(tmp_path)
+    reports.write_student(tmp_path, report)
+    page = tmp_path / "zoe" / "report.html"
+    command = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+               f"--user-data-dir={tmp_path / 'profile'}"]
+    dom = subprocess.run([*command, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    html = dom.stdout
+    assert '<h1 id="student">Grade report: zoe</h1>' in html
+    assert "Total: <b>" in html and "gelu / forward: correctness" in html
+    assert "not submitted: no softmax/softmax.py" in html
+    assert 'class="roofline"' in html and html.count('class="point"') == 2
+    assert "Integrity flag" in html and "4096x4096 fp16" in html
+    shot = tmp_path / "report.png"
+    subprocess.run([*command, f"--screenshot={shot}", "--window-size=1200,2000", page.as_uri()],
+                   capture_output=True, timeout=120, check=True)
+    assert shot.stat().st_size > 10_000  # a rendered page, not a blank one
+
+
+# ------------------------------------------------------------------------------------ speed (glue)
+
+
+def part_inputs(case):
+    return GELU.parts[0].make_inputs(case)
+
+
+def _speed_record(outputs):
+    part = GELU.parts[0]
+    case = part.examples[2].with_seed(7)  # a small case stands in for the benchmark the speed engine re-checks
+    return part, case, {"status": "ok", "measurement": {
+        "gpu": "Test GPU", "device": "cpu", "roofline": {}, "benchmarks": [],
+        "recheck": [{"case": case.to_dict(), "outputs": outputs(case), "output_devices": {"y": "cpu"},
+                     "error_kind": None, "error": None}],
+    }}
+
+
+@pytest.mark.skipif(not GELU.parts[0].benchmarks, reason="gelu has no benchmarks")
+def test_wrong_outputs_after_timing_are_flagged_in_the_verdict_process(tmp_path):
+    settings = runner.Settings(device="cpu", secret="s", n_random=0, timeout_s=5, memory_mb=None, workdir=tmp_path)
+    part, _, record = _speed_record(lambda case: {"y": GELU.parts[0].reference(part_inputs(case))["y"].float()})
+    flags: dict = {}
+    speed = runner._judge_speed(part, record, None, settings, flags)
+    assert flags == {} and speed["status"] == "measured" and speed["fraction"] == 0.0  # nothing was timed
+
+    _, _, replayed = _speed_record(lambda case: {"y": GELU.parts[0].reference(part_inputs(case))["y"].float() + 1})
+    runner._judge_speed(part, replayed, None, settings, flags)
+    assert "speed-recheck" in flags and "computed on every call" in flags["speed-recheck"]["message"]
+    score = scoring.score_exercise(GELU, _result(flags=list(flags.values())), scoring.Course(), (GELU,))
+    assert score.score == 0
+
+
+def test_speed_not_measured_on_cpu_is_said_once(tmp_path):
+    settings = runner.Settings(device="cpu", secret="s", n_random=0, timeout_s=5, memory_mb=None, workdir=tmp_path)
+    assert not any(it["kind"] == "speed" for it in runner.plan(GELU, settings))
+    record = {"status": "ok", "measurement": {"skipped": "no GPU"}}
+    speed = runner._judge_speed(GELU.parts[0], record, None, settings, {})
+    assert speed["fraction"] is None and "not measured" in speed["message"]
