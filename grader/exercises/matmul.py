@@ -198,6 +198,7 @@ EXERCISE = Exercise(
             benchmarks=BENCHMARKS,
             baselines=BASELINES,
             speed_baseline="torch",
+            speed_points=5,
         ),
     ),
 )

@@ -264,6 +264,7 @@ EXERCISE = Exercise(
             benchmarks=_benchmarks(_forward_bytes, _forward_flops),
             baselines=FORWARD_BASELINES,
             speed_baseline="torch",
+            speed_points=5,
         ),
         Part(
             name="backward",
@@ -283,6 +284,7 @@ EXERCISE = Exercise(
             benchmarks=_benchmarks(_backward_bytes, _backward_flops),
             baselines=BACKWARD_BASELINES,
             speed_baseline="torch",
+            speed_points=5,
         ),
     ),
 )
