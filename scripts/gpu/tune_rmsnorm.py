@@ -51,6 +51,6 @@ for (M, H), dtype in [((16384, 4096), torch.bfloat16), ((4096, 16384), torch.bfl
             t = do_bench(fn, return_mode="median")
             res.append((copy / t, bm, nw, comp / t, err))
     res.sort(reverse=True)
-    print(f"{M}x{H} {dtype}: copy {nbytes / copy / 1e9:.0f} GB/s, compile {copy / comp:.1%} of copy | "
+    print(f"{M}x{H} {dtype}: copy {nbytes / copy / 1e6:.0f} GB/s, compile {copy / comp:.1%} of copy | "
           + " | ".join(f"rows {bm} warps {nw}: {r:.1%} of copy, {c:.3f}x compile" for r, bm, nw, c, e in res[:4]),
           flush=True)
