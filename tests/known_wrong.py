@@ -6,8 +6,9 @@ Each fixture is an implementation tree ``tests/fixtures/<exercise>/<name>/<exerc
     expect: <part>.<check>: <regex>   this check must fail with a message matching regex
     passes: <part>.<check>            this check must pass (so the fixture fails on the right test)
 
-where <check> is ``correctness`` (the part's examples plus random cases), ``integrity`` or
-``bad_input``.
+where <check> is ``correctness`` (the part's examples plus random cases), ``integrity``,
+``bad_input``, or ``<name>`` for an exercise's own check ``check_<name>(module, device) -> Verdict`` in
+its spec module (e.g. ``memory`` for flash_attention).
 """
 
 from __future__ import annotations

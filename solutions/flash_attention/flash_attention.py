@@ -1,0 +1,570 @@
+"""Reference solution: FlashAttention-2 forward and backward in Triton.
+
+Attention for one head is O = softmax(S) V with S = scale · Q Kᵀ (Q: Nq×D, K, V: Nk×D). Computed
+naively, S and P = softmax(S) are Nq×Nk matrices written to and read back from HBM: at N = 16k that is
+512 MB per head in bf16, and the work is memory-bound. FlashAttention never stores them:
+
+* Forward. One program owns BLOCK_M query rows and streams K and V in BLOCK_N-row tiles through
+  on-chip memory, keeping a running row max m, a running sum l of exp(S - m) and an unnormalised
+  output acc (the online softmax: when the max grows by Δ, l and acc are rescaled by exp(-Δ)). HBM
+  traffic per head is Q, O once and K, V once per query tile: (2·Nq + 2·Nk·Nq/BLOCK_M)·D·bytes,
+  against 4·Nq·Nk·D FLOPs: 2·BLOCK_M/bytes FLOPs per byte even before L2 serves most K, V re-reads,
+  so with 128-row tiles the kernel is bound by the tensor cores, not HBM. It also writes the
+  log-sum-exp lse = m + log(l) (natural log, fp32) so the backward can recompute P exactly.
+* Backward, by recomputation: P = exp(S - lse), dV = Pᵀ dO, dP = dO Vᵀ, dS = P ∘ (dP - Δ) with
+  Δ = rowsum(dO ∘ O) (one small pre-pass), dQ = scale · dS K, dK = scale · dSᵀ Q. dK and dV sum over
+  queries and dQ over keys, so one program per key tile computes dK, dV and one per query tile
+  computes dQ: no atomics, at the price of recomputing S and dP a second time (7 matmuls instead of
+  5; FA2 instead adds dQ with fp32 atomics).
+
+FLOPs per head: forward 4·Nq·Nk·D (two matmuls), backward 2.5× that; causal halves both.
+
+Tricks, as in Triton's fused-attention tutorial: exponentials are exp2 with scale·log2(e) folded
+into one multiply; causal attention skips the key tiles above the diagonal and splits the rest into
+unmasked tiles and the few diagonal tiles that need the mask; tiles are loaded through tensor
+descriptors (TMA on Hopper), one per (batch·head) with the exact bounds, so rows past Nq or Nk read
+as zeros and stores past them are dropped; causal grids run the longest tiles first. Tile sizes,
+warps and pipeline stages are autotuned on the GPU for big calls (small ones take the first candidate
+untuned); the Triton interpreter (no autotuner there) runs one small fixed configuration.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+from triton.runtime.errors import OutOfResources
+
+LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x · LOG2E)
+# Kernels can read module globals only if they are constexprs.
+_LOG2E = tl.constexpr(LOG2E)
+_LN2 = tl.constexpr(0.6931471805599453)  # ln(2): the kernel's base-2 lse back to the natural log
+HEAD_DIMS = (16, 32, 64, 128)
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+# ----------------------------------------------------------------------------------------------
+# Forward
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _attn_fwd_inner(
+    acc, l_i, m_i, q, k_desc, v_desc,
+    lo, hi, offs_m, Nk, qk_scale,
+    BLOCK_N: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
+):
+    """Fold key tiles [lo, hi) into the running (acc, l_i, m_i) of one query tile. Scores live in the
+    base-2 domain: qk · qk_scale = S · log2(e)."""
+    offs_n = tl.arange(0, BLOCK_N)
+    for start_n in tl.range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        k = k_desc.load([start_n, 0])
+        qk = tl.dot(q, k.T)
+        if MASK:
+            # Keys past Nk were loaded as zeros (score 0, not -inf): mask them, and future keys if causal.
+            keep = (start_n + offs_n)[None, :] < Nk
+            if CAUSAL:
+                keep = keep & (offs_m[:, None] >= (start_n + offs_n)[None, :])
+            qk = tl.where(keep, qk * qk_scale, float("-inf"))
+            m_ij = tl.maximum(m_i, tl.max(qk, 1))
+            qk = qk - m_ij[:, None]
+        else:
+            # scale > 0, so max(qk) · scale = max(qk · scale): one fused multiply-subtract per score.
+            m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            qk = qk * qk_scale - m_ij[:, None]
+        p = tl.math.exp2(qk)
+        # The max grew from m_i to m_ij: everything accumulated so far is rescaled by 2^(m_i - m_ij).
+        alpha = tl.math.exp2(m_i - m_ij)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = v_desc.load([start_n, 0])
+        # P is rounded to the input dtype for the tensor-core matmul (as in FA2); acc stays fp32.
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        m_i = m_ij
+    return acc, l_i, m_i
+
+
+@triton.jit(do_not_specialize=["Nq", "Nk"])  # one compile for every length
+def _attn_fwd(
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,
+    stride_qb, stride_qm, stride_kb, stride_kn, stride_vb, stride_vn, stride_ob, stride_om,
+    Nq, Nk, qk_scale, SEQ_BUCKET,  # SEQ_BUCKET: autotuning key only
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    if CAUSAL:  # query tile i visits i + 1 key tiles: launch the longest first
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    off_b = tl.program_id(1).to(tl.int64)
+    start_m = pid_m * BLOCK_M
+    # One descriptor per (batch·head) with its exact extent: out-of-range rows load as 0, stores clip.
+    q_desc = tl.make_tensor_descriptor(q_ptr + off_b * stride_qb, shape=[Nq, HEAD_DIM], strides=[stride_qm, 1],
+                                       block_shape=[BLOCK_M, HEAD_DIM])
+    k_desc = tl.make_tensor_descriptor(k_ptr + off_b * stride_kb, shape=[Nk, HEAD_DIM], strides=[stride_kn, 1],
+                                       block_shape=[BLOCK_N, HEAD_DIM])
+    v_desc = tl.make_tensor_descriptor(v_ptr + off_b * stride_vb, shape=[Nk, HEAD_DIM], strides=[stride_vn, 1],
+                                       block_shape=[BLOCK_N, HEAD_DIM])
+    o_desc = tl.make_tensor_descriptor(o_ptr + off_b * stride_ob, shape=[Nq, HEAD_DIM], strides=[stride_om, 1],
+                                       block_shape=[BLOCK_M, HEAD_DIM])
+
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of the base-2 scores
+    l_i = tl.zeros([BLOCK_M], tl.float32)  # running sum of 2^(score - m_i)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)  # running sum of 2^(score - m_i) · v
+    q = q_desc.load([start_m, 0])  # stays on chip for the whole loop
+
+    if CAUSAL:  # (Nq == Nk) keys below start_m are visible to every row; BLOCK_M % BLOCK_N == 0
+        acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_desc, v_desc, 0, start_m, offs_m, Nk, qk_scale,
+                                        BLOCK_N, False, False)
+        # the diagonal tile(s): mask key > query (and keys past Nk); the tiles above are skipped
+        acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_desc, v_desc, start_m,
+                                        tl.minimum(start_m + BLOCK_M, Nk), offs_m, Nk, qk_scale,
+                                        BLOCK_N, True, True)
+    else:
+        n_full = (Nk // BLOCK_N) * BLOCK_N  # whole key tiles need no mask; a partial last one does
+        acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_desc, v_desc, 0, n_full, offs_m, Nk, qk_scale,
+                                        BLOCK_N, False, False)
+        acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_desc, v_desc, n_full, Nk, offs_m, Nk, qk_scale,
+                                        BLOCK_N, True, False)
+
+    # Every valid row saw at least one key, so l_i > 0. lse: back from base 2 to the natural log.
+    tl.store(lse_ptr + off_b * Nq + offs_m, (m_i + tl.math.log2(l_i)) * _LN2, mask=offs_m < Nq)
+    o_desc.store([start_m, 0], (acc / l_i[:, None]).to(o_ptr.dtype.element_ty))
+
+
+# ----------------------------------------------------------------------------------------------
+# Backward
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit(do_not_specialize=["Nq"])
+def _attn_bwd_delta(
+    o_ptr, do_ptr, delta_ptr,
+    stride_ob, stride_om, stride_od, stride_dob, stride_dom, stride_dod,
+    Nq,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    """Δ = rowsum(dO ∘ O): reads O and dO once (2·Nq·D elements), writes Nq floats."""
+    off_b = tl.program_id(1).to(tl.int64)
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    mask = (offs_m < Nq)[:, None]
+    o = tl.load(o_ptr + off_b * stride_ob + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od, mask=mask)
+    do = tl.load(do_ptr + off_b * stride_dob + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
+                 mask=mask)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+    tl.store(delta_ptr + off_b * Nq + offs_m, delta, mask=offs_m < Nq)
+
+
+@triton.jit
+def _attn_bwd_dkdv_inner(
+    dk, dv, k, v, q_desc, do_desc, lse_ptr, delta_ptr,
+    lo, hi, offs_n, Nq, qk_scale,
+    BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr,
+):
+    """Accumulate the query tiles [lo, hi) into dK, dV of one key tile (everything transposed: keys
+    are rows, so the sums over queries are matmuls)."""
+    for start_m in tl.range(lo, hi, BLOCK_M):
+        start_m = tl.multiple_of(start_m, BLOCK_M)
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        q = q_desc.load([start_m, 0])
+        # Rows past Nq get lse = +inf, so P = 2^(s - inf) = 0 there: they add nothing.
+        lse = tl.load(lse_ptr + offs_m, mask=offs_m < Nq, other=float("inf")) * _LOG2E
+        pT = tl.math.exp2(tl.dot(k, q.T) * qk_scale - lse[None, :])  # Pᵀ, [BLOCK_N, BLOCK_M]
+        if CAUSAL:
+            pT = tl.where(offs_m[None, :] >= offs_n[:, None], pT, 0.0)
+        do = do_desc.load([start_m, 0])
+        dv = tl.dot(pT.to(do.dtype), do, dv)  # dV += Pᵀ dO
+        delta = tl.load(delta_ptr + offs_m, mask=offs_m < Nq, other=0.0)
+        dpT = tl.dot(v, do.T)  # dPᵀ = V dOᵀ
+        dsT = pT * (dpT - delta[None, :])  # dSᵀ = Pᵀ ∘ (dPᵀ - Δ); the scale is applied once at the end
+        dk = tl.dot(dsT.to(q.dtype), q, dk)  # dK += dSᵀ Q
+    return dk, dv
+
+
+@triton.jit(do_not_specialize=["Nq", "Nk"])  # one compile for every length
+def _attn_bwd_dkdv(
+    q_ptr, k_ptr, v_ptr, do_ptr, dk_ptr, dv_ptr, lse_ptr, delta_ptr,
+    stride_qb, stride_qm, stride_kb, stride_kn, stride_vb, stride_vn, stride_dob, stride_dom,
+    stride_dkb, stride_dkn, stride_dvb, stride_dvn,
+    Nq, Nk, scale, qk_scale, SEQ_BUCKET,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+):
+    """One program per BLOCK_N keys: K, V and the dK, dV accumulators stay on chip while Q, dO,
+    lse and Δ stream past."""
+    start_n = tl.program_id(0) * BLOCK_N
+    off_b = tl.program_id(1).to(tl.int64)
+    q_desc = tl.make_tensor_descriptor(q_ptr + off_b * stride_qb, shape=[Nq, HEAD_DIM], strides=[stride_qm, 1],
+                                       block_shape=[BLOCK_M, HEAD_DIM])
+    do_desc = tl.make_tensor_descriptor(do_ptr + off_b * stride_dob, shape=[Nq, HEAD_DIM],
+                                        strides=[stride_dom, 1], block_shape=[BLOCK_M, HEAD_DIM])
+    k_desc = tl.make_tensor_descriptor(k_ptr + off_b * stride_kb, shape=[Nk, HEAD_DIM], strides=[stride_kn, 1],
+                                       block_shape=[BLOCK_N, HEAD_DIM])
+    v_desc = tl.make_tensor_descriptor(v_ptr + off_b * stride_vb, shape=[Nk, HEAD_DIM], strides=[stride_vn, 1],
+                                       block_shape=[BLOCK_N, HEAD_DIM])
+    dk_desc = tl.make_tensor_descriptor(dk_ptr + off_b * stride_dkb, shape=[Nk, HEAD_DIM],
+                                        strides=[stride_dkn, 1], block_shape=[BLOCK_N, HEAD_DIM])
+    dv_desc = tl.make_tensor_descriptor(dv_ptr + off_b * stride_dvb, shape=[Nk, HEAD_DIM],
+                                        strides=[stride_dvn, 1], block_shape=[BLOCK_N, HEAD_DIM])
+    lse_ptr += off_b * Nq
+    delta_ptr += off_b * Nq
+
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    # Keys past Nk load as zeros; their rows of dK, dV are computed (rows never mix in a matmul) but not stored.
+    k = k_desc.load([start_n, 0])
+    v = v_desc.load([start_n, 0])
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    if CAUSAL:  # (Nq == Nk) queries before start_n see none of these keys: skipped
+        # queries [start_n, start_n + BLOCK_N) straddle the diagonal (BLOCK_N % BLOCK_M == 0)...
+        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_desc, do_desc, lse_ptr, delta_ptr, start_n,
+                                      tl.minimum(start_n + BLOCK_N, Nq), offs_n, Nq, qk_scale, BLOCK_M, True)
+        # ...and every later query sees all of them
+        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_desc, do_desc, lse_ptr, delta_ptr, start_n + BLOCK_N,
+                                      Nq, offs_n, Nq, qk_scale, BLOCK_M, False)
+    else:
+        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_desc, do_desc, lse_ptr, delta_ptr, 0, Nq, offs_n, Nq,
+                                      qk_scale, BLOCK_M, False)
+    dv_desc.store([start_n, 0], dv.to(dv_ptr.dtype.element_ty))
+    dk_desc.store([start_n, 0], (dk * scale).to(dk_ptr.dtype.element_ty))  # S = scale·QKᵀ: dK = scale·dSᵀQ
+
+
+@triton.jit
+def _attn_bwd_dq_inner(
+    dq, q, do, lse, delta, k_desc, v_desc,
+    lo, hi, offs_m, Nk, qk_scale,
+    BLOCK_N: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
+):
+    """Accumulate the key tiles [lo, hi) into dQ of one query tile."""
+    offs_n = tl.arange(0, BLOCK_N)
+    for start_n in tl.range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        k = k_desc.load([start_n, 0])
+        v = v_desc.load([start_n, 0])
+        p = tl.math.exp2(tl.dot(q, k.T) * qk_scale - lse[:, None])
+        if MASK:
+            # Keys past Nk are zero rows, but 2^(0 - lse) can overflow for very negative lse and
+            # inf · 0 = NaN in dS K: mask them (and future keys if causal) explicitly.
+            keep = (start_n + offs_n)[None, :] < Nk
+            if CAUSAL:
+                keep = keep & (offs_m[:, None] >= (start_n + offs_n)[None, :])
+            p = tl.where(keep, p, 0.0)
+        dp = tl.dot(do, v.T)  # dP = dO Vᵀ
+        ds = p * (dp - delta[:, None])  # dS = P ∘ (dP - Δ)
+        dq = tl.dot(ds.to(k.dtype), k, dq)  # dQ += dS K
+    return dq
+
+
+@triton.jit(do_not_specialize=["Nq", "Nk"])  # one compile for every length
+def _attn_bwd_dq(
+    q_ptr, k_ptr, v_ptr, do_ptr, dq_ptr, lse_ptr, delta_ptr,
+    stride_qb, stride_qm, stride_kb, stride_kn, stride_vb, stride_vn, stride_dob, stride_dom,
+    stride_dqb, stride_dqm,
+    Nq, Nk, scale, qk_scale, SEQ_BUCKET,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+):
+    """One program per BLOCK_M queries: Q, dO, lse, Δ and dQ stay on chip while K and V stream past."""
+    pid_m = tl.program_id(0)
+    if CAUSAL:
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    start_m = pid_m * BLOCK_M
+    off_b = tl.program_id(1).to(tl.int64)
+    q_desc = tl.make_tensor_descriptor(q_ptr + off_b * stride_qb, shape=[Nq, HEAD_DIM], strides=[stride_qm, 1],
+                                       block_shape=[BLOCK_M, HEAD_DIM])
+    do_desc = tl.make_tensor_descriptor(do_ptr + off_b * stride_dob, shape=[Nq, HEAD_DIM],
+                                        strides=[stride_dom, 1], block_shape=[BLOCK_M, HEAD_DIM])
+    dq_desc = tl.make_tensor_descriptor(dq_ptr + off_b * stride_dqb, shape=[Nq, HEAD_DIM],
+                                        strides=[stride_dqm, 1], block_shape=[BLOCK_M, HEAD_DIM])
+    k_desc = tl.make_tensor_descriptor(k_ptr + off_b * stride_kb, shape=[Nk, HEAD_DIM], strides=[stride_kn, 1],
+                                       block_shape=[BLOCK_N, HEAD_DIM])
+    v_desc = tl.make_tensor_descriptor(v_ptr + off_b * stride_vb, shape=[Nk, HEAD_DIM], strides=[stride_vn, 1],
+                                       block_shape=[BLOCK_N, HEAD_DIM])
+
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    q = q_desc.load([start_m, 0])
+    do = do_desc.load([start_m, 0])
+    lse = tl.load(lse_ptr + off_b * Nq + offs_m, mask=offs_m < Nq, other=float("inf")) * _LOG2E
+    delta = tl.load(delta_ptr + off_b * Nq + offs_m, mask=offs_m < Nq, other=0.0)
+    dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    if CAUSAL:  # same split as the forward (BLOCK_M % BLOCK_N == 0)
+        dq = _attn_bwd_dq_inner(dq, q, do, lse, delta, k_desc, v_desc, 0, start_m, offs_m, Nk, qk_scale,
+                                BLOCK_N, False, False)
+        dq = _attn_bwd_dq_inner(dq, q, do, lse, delta, k_desc, v_desc, start_m, tl.minimum(start_m + BLOCK_M, Nk),
+                                offs_m, Nk, qk_scale, BLOCK_N, True, True)
+    else:
+        n_full = (Nk // BLOCK_N) * BLOCK_N
+        dq = _attn_bwd_dq_inner(dq, q, do, lse, delta, k_desc, v_desc, 0, n_full, offs_m, Nk, qk_scale,
+                                BLOCK_N, False, False)
+        dq = _attn_bwd_dq_inner(dq, q, do, lse, delta, k_desc, v_desc, n_full, Nk, offs_m, Nk, qk_scale,
+                                BLOCK_N, True, False)
+    dq_desc.store([start_m, 0], (dq * scale).to(dq_ptr.dtype.element_ty))
+
+
+# ----------------------------------------------------------------------------------------------
+# Autotuning (GPU only: the interpreter cannot benchmark)
+# ----------------------------------------------------------------------------------------------
+
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) tried on an H100/H200, per head-dim class: four each, so
+# that compiling them all stays quick. Larger head dims need more registers per row (the fp32
+# accumulators are BLOCK × D), hence 8 warps for 128-row tiles at D = 128. Configs that do not fit
+# (fp32 inputs need twice the shared memory) are dropped by the autotuner.
+_FWD = {  # BLOCK_N <= HEAD_DIM, as in Triton's tutorial
+    32: [(128, 32, 4, 3), (64, 32, 4, 3), (128, 16, 4, 3), (64, 16, 4, 3)],
+    64: [(128, 64, 4, 3), (128, 64, 4, 4), (128, 32, 4, 3), (64, 64, 4, 3)],
+    128: [(128, 128, 8, 2), (128, 128, 8, 3), (128, 64, 4, 3), (128, 64, 4, 2)],
+}
+# dK/dV: BLOCK_N keys stay resident, BLOCK_M queries stream (BLOCK_N % BLOCK_M == 0 for the causal split).
+# (32, 128, 4 warps, 5 stages) is the tutorial's H100 choice at D = 64.
+_DKDV = {
+    32: [(32, 128, 4, 5), (64, 128, 8, 3), (32, 64, 4, 3), (64, 64, 4, 3)],
+    64: [(32, 128, 4, 5), (64, 128, 8, 3), (32, 64, 4, 3), (64, 64, 4, 3)],
+    128: [(32, 128, 8, 3), (64, 128, 8, 2), (32, 64, 4, 3), (64, 64, 4, 2)],
+}
+# dQ: BLOCK_M queries stay resident, BLOCK_N keys stream (BLOCK_M % BLOCK_N == 0).
+_DQ = {
+    32: [(128, 32, 4, 5), (128, 64, 8, 3), (64, 32, 4, 3), (64, 64, 4, 3)],
+    64: [(128, 32, 4, 5), (128, 64, 8, 3), (64, 32, 4, 3), (64, 64, 4, 3)],
+    128: [(128, 32, 8, 3), (128, 64, 8, 2), (64, 32, 4, 3), (64, 64, 4, 2)],
+}
+# Interpreter configs: the smallest tiles tl.dot allows keep the tests' short sequences multi-tile.
+_INTERPRET = {"fwd": (32, 16), "dkdv": (16, 32), "dq": (32, 16), "delta": 32}
+
+
+# Autotune only calls with at least this much work (batch · Nq · Nk · D); smaller ones (tests, short
+# sequences) run the first candidate untuned, so they do not compile every candidate of every shape.
+AUTOTUNE_MIN_WORK = 1 << 32
+
+
+def _candidates(table: dict, head_dim: int) -> list[tuple[int, int, int, int]]:
+    row = table[min(d for d in table if d >= head_dim)]
+    return [c for c in row if table is not _FWD or c[1] <= head_dim]
+
+
+def _configs(table: dict) -> list[triton.Config]:
+    seen = {c for cs in table.values() for c in cs}
+    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in sorted(seen)]
+
+
+def _pruner(table: dict):
+    def prune(configs, named_args, **kwargs):
+        wanted = set(_candidates(table, kwargs.get("HEAD_DIM", named_args.get("HEAD_DIM"))))
+        return [c for c in configs if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) in wanted]
+
+    return prune
+
+
+def _quick_bench(fn, quantiles):  # tuning needs ranking, not precision: shorter than do_bench's default
+    return triton.testing.do_bench(fn, warmup=5, rep=25, quantiles=quantiles)
+
+
+def _tuned(kernel, table: dict):
+    return triton.autotune(_configs(table), key=["HEAD_DIM", "CAUSAL", "SEQ_BUCKET"],
+                           prune_configs_by={"early_config_prune": _pruner(table)}, do_bench=_quick_bench)(kernel)
+
+
+_attn_fwd_tuned = _tuned(_attn_fwd, _FWD)
+_attn_bwd_dkdv_tuned = _tuned(_attn_bwd_dkdv, _DKDV)
+_attn_bwd_dq_tuned = _tuned(_attn_bwd_dq, _DQ)
+
+
+def _seq_bucket(n: int) -> int:
+    """Autotuning key: sequences up to 1024 share one config, longer ones tune per power of two."""
+    return max(1024, triton.next_power_of_2(n))
+
+
+def _tma_scratch(size: int, alignment: int, stream) -> torch.Tensor:
+    return torch.empty(size, device="cuda", dtype=torch.int8)
+
+
+def _launch(kernel, tuned, table: dict, grid_of, interpreter_blocks: tuple[int, int], work: int, *args, **meta):
+    """Launch ``kernel``: with fixed small tiles in the interpreter (no autotuner there), through the
+    autotuner ``tuned`` for big calls on the GPU, else with the first candidate config that fits."""
+    if _interpreting():
+        block_m, block_n = interpreter_blocks
+        kernel[grid_of(block_m, block_n)](*args, **meta, BLOCK_M=block_m, BLOCK_N=block_n)
+        return
+    # Device-side tensor descriptors need a little global scratch memory. The allocator lives in a
+    # context variable, and autograd runs backward on its own thread: set it on every launch.
+    triton.set_allocator(_tma_scratch)
+    if work >= AUTOTUNE_MIN_WORK:
+        tuned[lambda cfg: grid_of(cfg["BLOCK_M"], cfg["BLOCK_N"])](*args, **meta)
+        return
+    candidates = _candidates(table, meta["HEAD_DIM"])
+    for i, (block_m, block_n, warps, stages) in enumerate(candidates):
+        try:
+            kernel[grid_of(block_m, block_n)](*args, **meta, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps,
+                                             num_stages=stages)
+            return
+        except OutOfResources:  # fp32 tiles can exceed shared memory: next candidate
+            if i == len(candidates) - 1:
+                raise
+
+
+# ----------------------------------------------------------------------------------------------
+# Argument checking and layout
+# ----------------------------------------------------------------------------------------------
+
+
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float | None) -> float:
+    """Validate q, k, v; return the softmax scale."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() < 2:
+            raise ValueError(f"{name} must have shape (..., N, D), got {tuple(t.shape)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k and v must have the same dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.dtype not in DTYPES:
+        raise TypeError(f"dtype {q.dtype} is not supported (float16, bfloat16 or float32)")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k and v must be on the same device, got {q.device}, {k.device}, {v.device}")
+    if q.device.type != "cuda" and not _interpreting():
+        raise ValueError(f"q, k and v are on the {q.device.type} device: move them to the GPU (.cuda())")
+    if not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]):
+        raise ValueError(f"q, k and v must have the same leading (batch, head) dims, got {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    if not (q.shape[-1] == k.shape[-1] == v.shape[-1]):
+        raise ValueError(f"q, k and v must have the same head dim D, got {q.shape[-1]}, {k.shape[-1]}, {v.shape[-1]}")
+    if q.shape[-1] not in HEAD_DIMS:
+        raise ValueError(f"head dim D={q.shape[-1]} is not supported (one of {', '.join(map(str, HEAD_DIMS))})")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"k and v must have the same number of keys, got {k.shape[-2]} and {v.shape[-2]}")
+    if q.shape[-2] == 0 or k.shape[-2] == 0:
+        raise ValueError("q and k must have at least one row (Nq, Nk >= 1)")
+    if is_causal and q.shape[-2] != k.shape[-2]:
+        raise ValueError(f"is_causal=True needs as many queries as keys, got Nq={q.shape[-2]}, Nk={k.shape[-2]}")
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    if not (scale > 0 and math.isfinite(scale)):
+        raise ValueError(f"scale must be a positive number, got {scale}")
+    return scale
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """(..., N, D) as (B, N, D) in a layout a tensor descriptor accepts: unit stride along D and 16-byte
+    aligned rows and base. A view when x already is (the usual case), else one copy."""
+    x3 = x.reshape(-1, *x.shape[-2:])
+    size = x3.element_size()
+    if x3.stride(-1) == 1 and x3.data_ptr() % 16 == 0 and all(s * size % 16 == 0 for s in x3.stride()[:-1]):
+        return x3
+    return x3.clone(memory_format=torch.contiguous_format)
+
+
+# ----------------------------------------------------------------------------------------------
+# Public API
+# ----------------------------------------------------------------------------------------------
+
+
+def flash_attention_forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False, scale: float | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention ``softmax(scale · q kᵀ [+ causal mask]) v`` and its row log-sum-exp.
+
+    q: (..., Nq, D), k and v: (..., Nk, D). Returns ``o`` (..., Nq, D) in q's dtype and ``lse``
+    (..., Nq) float32, the natural-log logsumexp of the scaled, masked scores.
+    """
+    scale = _check(q, k, v, is_causal, scale)
+    *lead, n_q, d = q.shape
+    n_k = k.shape[-2]
+    q3, k3, v3 = _rows(q), _rows(k), _rows(v)
+    batch = q3.shape[0]
+    o = torch.empty((*lead, n_q, d), dtype=q.dtype, device=q.device)
+    lse = torch.empty((*lead, n_q), dtype=torch.float32, device=q.device)
+    o3 = o.view(batch, n_q, d)
+    if batch == 0:  # a zero-sized leading dim: nothing to launch
+        return o, lse
+    _launch(
+        _attn_fwd, _attn_fwd_tuned, _FWD, lambda bm, bn: (triton.cdiv(n_q, bm), batch), _INTERPRET["fwd"],
+        batch * n_q * n_k * d,
+        q3, k3, v3, o3, lse,
+        q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), v3.stride(0), v3.stride(1),
+        o3.stride(0), o3.stride(1),
+        n_q, n_k, scale * LOG2E, _seq_bucket(max(n_q, n_k)),
+        HEAD_DIM=d, CAUSAL=bool(is_causal),
+    )
+    return o, lse
+
+
+def flash_attention_backward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, do: torch.Tensor,
+    is_causal: bool = False, scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients (dq, dk, dv) of attention given the forward's ``o`` and ``lse`` and the output
+    gradient ``do`` (shaped like ``o``). Outputs have the dtypes and shapes of q, k, v."""
+    scale = _check(q, k, v, is_causal, scale)
+    for name, t in (("o", o), ("do", do)):
+        if not isinstance(t, torch.Tensor) or t.shape != q.shape:
+            raise ValueError(f"{name} must be a tensor shaped like q {tuple(q.shape)}")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device}, q on {q.device}")
+    if not isinstance(lse, torch.Tensor) or lse.shape != q.shape[:-1]:
+        raise ValueError(f"lse must be a tensor of shape {tuple(q.shape[:-1])}")
+    if lse.dtype != torch.float32:
+        raise TypeError(f"lse must be float32, got {lse.dtype}")
+    n_q, d = q.shape[-2:]
+    n_k = k.shape[-2]
+    q3, k3, v3, do3 = _rows(q), _rows(k), _rows(v), _rows(do.to(q.dtype))
+    o3 = o.reshape(-1, n_q, d)
+    batch = q3.shape[0]
+    lse2 = lse.reshape(batch, n_q).contiguous()
+    delta = torch.empty((batch, n_q), dtype=torch.float32, device=q.device)
+    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
+    dk = torch.empty_like(k, memory_format=torch.contiguous_format)
+    dv = torch.empty_like(v, memory_format=torch.contiguous_format)
+    dq3, dk3, dv3 = dq.view(batch, n_q, d), dk.view(batch, n_k, d), dv.view(batch, n_k, d)
+    if batch == 0:
+        return dq, dk, dv
+
+    block = _INTERPRET["delta"] if _interpreting() else 128
+    _attn_bwd_delta[(triton.cdiv(n_q, block), batch)](
+        o3, do3, delta,
+        o3.stride(0), o3.stride(1), o3.stride(2), do3.stride(0), do3.stride(1), do3.stride(2),
+        n_q, HEAD_DIM=d, BLOCK_M=block,
+    )
+    common = (q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), v3.stride(0), v3.stride(1),
+              do3.stride(0), do3.stride(1))
+    bucket = _seq_bucket(max(n_q, n_k))
+    work = batch * n_q * n_k * d
+    _launch(
+        _attn_bwd_dkdv, _attn_bwd_dkdv_tuned, _DKDV, lambda bm, bn: (triton.cdiv(n_k, bn), batch), _INTERPRET["dkdv"],
+        work,
+        q3, k3, v3, do3, dk3, dv3, lse2, delta,
+        *common, dk3.stride(0), dk3.stride(1), dv3.stride(0), dv3.stride(1),
+        n_q, n_k, scale, scale * LOG2E, bucket,
+        HEAD_DIM=d, CAUSAL=bool(is_causal),
+    )
+    _launch(
+        _attn_bwd_dq, _attn_bwd_dq_tuned, _DQ, lambda bm, bn: (triton.cdiv(n_q, bm), batch), _INTERPRET["dq"], work,
+        q3, k3, v3, do3, dq3, lse2, delta,
+        *common, dq3.stride(0), dq3.stride(1),
+        n_q, n_k, scale, scale * LOG2E, bucket,
+        HEAD_DIM=d, CAUSAL=bool(is_causal),
+    )
+    return dq, dk, dv
+
+
+class _FlashAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, is_causal, scale):
+        o, lse = flash_attention_forward(q, k, v, is_causal, scale)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.is_causal, ctx.scale = is_causal, scale
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = flash_attention_backward(q, k, v, o, lse, do, ctx.is_causal, ctx.scale)
+        return dq, dk, dv, None, None
+
+
+def flash_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False, scale: float | None = None
+) -> torch.Tensor:
+    """Differentiable attention: ``flash_attention(q, k, v).backward(do)`` runs the Triton backward."""
+    return _FlashAttention.apply(q, k, v, is_causal, scale)
