@@ -13,7 +13,8 @@ _PHASES = [p for p in Phase if p.name != "explain"]
 # Kernels in the interpreter take milliseconds to seconds, so no deadline anywhere.
 settings.register_profile("student", max_examples=10, deadline=None, suppress_health_check=_SLOW_OK, phases=_PHASES)
 settings.register_profile(
-    "ci", max_examples=12, deadline=None, derandomize=True, database=None, suppress_health_check=_SLOW_OK, phases=_PHASES
+    "ci", max_examples=12, deadline=None, derandomize=True, database=None,
+    suppress_health_check=_SLOW_OK, phases=_PHASES,
 )
 settings.register_profile(
     "grading", max_examples=100, deadline=None, database=None, suppress_health_check=_SLOW_OK, phases=_PHASES

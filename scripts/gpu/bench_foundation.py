@@ -20,7 +20,7 @@ import triton
 from triton.testing import do_bench
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from grader import exercises, loader  # noqa: E402
+from grader import exercises, loader
 
 gelu = loader.load("solutions", exercises.get("gelu")).gelu
 softmax = loader.load("solutions", exercises.get("softmax")).softmax
@@ -74,7 +74,7 @@ def main():
                **{f"{k}_ms": v for k, v in t.items()},
                "triton_TBps": nbytes / t["triton"] / 1e9, "copy_TBps": nbytes / t["copy"] / 1e9}
         rows.append(row)
-        print(f"{name:8} {str(shape):16} {row['dtype']:9} err {err:.1e} | triton {t['triton']:.3f} ms "
+        print(f"{name:8} {shape!s:16} {row['dtype']:9} err {err:.1e} | triton {t['triton']:.3f} ms "
               f"{row['triton_TBps']:.2f} TB/s ({t['copy'] / t['triton']:.0%} of copy) | vs torch "
               f"{t['torch'] / t['triton']:.2f}x | vs compile {t['compile'] / t['triton']:.2f}x", flush=True)
     out = os.environ.get("OUT")

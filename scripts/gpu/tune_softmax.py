@@ -9,7 +9,7 @@ import torch
 from triton.testing import do_bench
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from grader import exercises, loader  # noqa: E402
+from grader import exercises, loader
 
 sm = loader.load("solutions", exercises.get("softmax"))
 
@@ -31,5 +31,6 @@ for shape, dtype in [((4096, 16384), torch.float32), ((4096, 32768), torch.float
             except Exception as exc:  # e.g. out of registers/shared memory
                 res.append((0.0, max_fused, block, str(exc)[:60]))
     res.sort(reverse=True)
-    print(shape, dtype, " | ".join(f"fused<={m} blk {b}: {r:.0%} of copy (err {e if isinstance(e, str) else f'{e:.0e}'})"
-                                   for r, m, b, e in res[:4]), flush=True)
+    cells = [f"fused<={m} blk {b}: {r:.0%} of copy (err {e if isinstance(e, str) else f'{e:.0e}'})"
+             for r, m, b, e in res[:4]]
+    print(shape, dtype, " | ".join(cells), flush=True)
