@@ -46,6 +46,12 @@ ALLOWED_OPS = frozenset(
 class Observation:
     ops: list[str] = field(default_factory=list)  # aten op names, in order, outside launches
     kernels: list[tuple[str, str]] = field(default_factory=list)  # (kernel name, defining file)
+    # storages created by those ops (output storage shared with no argument): data_ptr -> bytes
+    allocations: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def allocated_bytes(self) -> int:
+        return sum(self.allocations.values())
 
 
 @dataclass(frozen=True)
@@ -64,9 +70,31 @@ class _OpRecorder(TorchDispatchMode):
         self.paused = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
         if not self.paused:
             self.observation.ops.append(func.overloadpacket.__name__)
-        return func(*args, **(kwargs or {}))
+            self._record_allocations(out, [*args, *kwargs.values()])
+        return out
+
+    def _record_allocations(self, out, inputs) -> None:
+        """A view or in-place result shares an argument's storage; anything else is a new allocation."""
+        seen = {t.untyped_storage().data_ptr() for t in _tensors(inputs)}
+        for t in _tensors(out if isinstance(out, tuple | list) else [out]):
+            if t.device.type != "meta":
+                storage = t.untyped_storage()
+                if storage.data_ptr() not in seen:
+                    self.observation.allocations.setdefault(storage.data_ptr(), storage.nbytes())
+
+
+def _tensors(values) -> list[torch.Tensor]:
+    found = []
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            found.append(v)
+        elif isinstance(v, tuple | list):
+            found.extend(_tensors(v))
+    return found
 
 
 def _kernel_file(kernel) -> str:

@@ -12,15 +12,12 @@ the Nq×Nk score matrix.
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Iterator
 
 import torch
 from hypothesis import strategies as st
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from grader import strategies, tensors
+from grader import integrity, strategies, tensors
 from grader.spec import BadInput, Benchmark, Case, Exercise, Part, Tolerance, Tolerances
 
 HEAD_DIMS = (16, 32, 64, 128)
@@ -363,58 +360,6 @@ BACKWARD_BAD_INPUTS = (
 # ----------------------------------------------------------------------------------------------
 
 
-class _Allocations(TorchDispatchMode):
-    """Bytes of the new tensor storages created by PyTorch ops outside Triton launches."""
-
-    def __init__(self, existing: tuple[torch.Tensor, ...] = ()):
-        super().__init__()
-        self.existing = {t.untyped_storage().data_ptr() for t in existing}  # views of the inputs are free
-        self.storages: dict[int, int] = {}
-        self.paused = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if not self.paused:
-            for t in out if isinstance(out, tuple | list) else (out,):
-                if isinstance(t, torch.Tensor) and t.device.type != "meta":
-                    storage = t.untyped_storage()
-                    if storage.data_ptr() not in self.existing:
-                        self.storages.setdefault(storage.data_ptr(), storage.nbytes())
-        return out
-
-
-@contextlib.contextmanager
-def _allocations(*existing: torch.Tensor) -> Iterator[_Allocations]:
-    from triton.runtime.jit import JITFunction
-
-    classes = [JITFunction]
-    with contextlib.suppress(ImportError):
-        from triton.runtime.interpreter import InterpretedFunction
-
-        classes.append(InterpretedFunction)
-    mode = _Allocations(existing)
-    originals = {cls: cls.__dict__["run"] for cls in classes if "run" in cls.__dict__}
-
-    def wrap(original):
-        def run(self, *args, **kwargs):  # the interpreter's own host copies are not the student's
-            mode.paused += 1
-            try:
-                return original(self, *args, **kwargs)
-            finally:
-                mode.paused -= 1
-
-        return run
-
-    for cls, original in originals.items():
-        cls.run = wrap(original)
-    try:
-        with mode:
-            yield mode
-    finally:
-        for cls, original in originals.items():
-            cls.run = original
-
-
 MEMORY_N = {"cuda": 16384, "cpu": 1024}
 
 
@@ -437,7 +382,7 @@ def check_memory(module, device: str):
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             base = torch.cuda.memory_allocated()
-        with _allocations(q, k, v) as seen:
+        with integrity.monitor() as seen:  # the ops it dispatches outside Triton launches, with their allocations
             call()
         if device == "cuda":
             torch.cuda.synchronize()
@@ -447,7 +392,7 @@ def check_memory(module, device: str):
     except Exception as exc:
         return Verdict(False, f"flash_attention_forward raised {type(exc).__name__}: {exc} "
                               f"on q, k, v of shape (1, 1, {n}, {d})")
-    allocated = sum(seen.storages.values())
+    allocated = seen.allocated_bytes
     worst = max(allocated, peak)
     if worst < budget:
         return Verdict(True)
