@@ -152,14 +152,25 @@ def test_calibration_sets_requirements_from_the_reference_ratio():
     runs = [calibrate.Run(0.10, 0.11), calibrate.Run(0.10, 0.12), calibrate.Run(0.11, 0.11)]
     entry = calibrate.threshold_from_runs("torch", runs, full_margin=0.85, partial_margin=0.5)
     assert entry.reference_ratio == pytest.approx(1.1)  # median of 1.1, 1.2, 1.0
-    assert entry.full == pytest.approx(0.85 * 1.1) and entry.partial == pytest.approx(0.5 * 1.1)
-    assert (entry.reference_ms, entry.baseline_ms) == (0.10, 0.11)
     assert entry.ratio_cv == pytest.approx(0.0909, abs=1e-3)
+    # a 9% spread between the repeats: 0.85 - 2 · 0.0909 is below the floor, full credit from 0.675 × the ratio
+    assert entry.full == pytest.approx(0.675 * 1.1) and entry.partial == pytest.approx(0.5 * 1.1)
+    assert (entry.reference_ms, entry.baseline_ms) == (0.10, 0.11)
     assert entry.credit(1.0) == 1.0  # a reference 9 % slower than at calibration keeps full credit
     with pytest.raises(ValueError, match="margin"):
         calibrate.threshold_from_runs("torch", runs, full_margin=0.5, partial_margin=0.6)
     with pytest.raises(ValueError, match="no runs"):
         calibrate.threshold_from_runs("torch", [])
+
+
+def test_full_margin_widens_with_the_spread_down_to_a_floor():
+    quiet = [calibrate.Run(0.10, 0.12)] * 3
+    assert calibrate.threshold_from_runs("torch", quiet).full == pytest.approx(0.85 * 1.2)  # no spread: 0.85
+    assert calibrate.full_factor(0.85, 0.5, 0.02) == pytest.approx(0.81)
+    assert calibrate.full_factor(0.85, 0.5, 0.5) == pytest.approx(0.675)  # never below the midpoint
+    noisy = [calibrate.Run(0.10, 0.10), calibrate.Run(0.10, 0.20), calibrate.Run(0.10, 0.40)]
+    entry = calibrate.threshold_from_runs("torch", noisy)
+    assert entry.partial < entry.full == pytest.approx(0.675 * 2.0)
 
 
 def test_calibrating_some_exercises_keeps_the_others(tmp_path):

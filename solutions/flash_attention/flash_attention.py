@@ -15,15 +15,16 @@ naively, S and P = softmax(S) are Nq×Nk matrices written to and read back from 
   Δ = rowsum(dO ∘ O) (one small pre-pass), dQ = scale · dS K, dK = scale · dSᵀ Q. dK and dV sum over
   queries and dQ over keys, so one program per key tile computes dK, dV and one per query tile
   computes dQ: no atomics, at the price of recomputing S and dP a second time (7 matmuls instead of
-  5; FA2 instead adds dQ with fp32 atomics).
+  5). The two kernels run side by side on two CUDA streams. (FA2 instead adds dQ with fp32 atomics
+  inside the dK/dV kernel: measured 10–30% slower here, through pointers or TMA reductions alike.)
 
 FLOPs per head: forward 4·Nq·Nk·D (two matmuls), backward 2.5× that; causal halves both.
 
 Tricks, as in Triton's fused-attention tutorial: exponentials are exp2 with scale·log2(e) folded
 into one multiply; causal attention skips the key tiles above the diagonal and splits the rest into
-unmasked tiles and the few diagonal tiles that need the mask; tiles are loaded through tensor
-descriptors (TMA on Hopper), one per (batch·head) with the exact bounds, so rows past Nq or Nk read
-as zeros and stores past them are dropped; causal grids run the longest tiles first. Tile sizes,
+unmasked tiles and the few diagonal tiles that need the mask; tiles move through host-side tensor
+descriptors over (batch, rows, D) (TMA on Hopper), so rows past Nq or Nk read as zeros and stores
+past them are dropped; causal grids run the longest tiles first. Tile sizes,
 warps and pipeline stages are autotuned on the GPU for big calls (small ones take the first candidate
 untuned); the Triton interpreter (no autotuner there) runs one small fixed configuration.
 """
@@ -37,6 +38,7 @@ import torch
 import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x · LOG2E)
 # Kernels can read module globals only if they are constexprs.
@@ -53,20 +55,25 @@ def _interpreting() -> bool:
 # ----------------------------------------------------------------------------------------------
 # Forward
 # ----------------------------------------------------------------------------------------------
+# Every tensor is seen as (batch, rows, D) — batch = the flattened leading dims — through a host-side
+# tensor descriptor with block shape [1, BLOCK, D]: ``desc.load([b, row, 0])`` fetches one tile with
+# the TMA engine, rows past the end of batch b read as zeros and stores past it are dropped, so no
+# tile needs a load mask. (Device-side ``tl.make_tensor_descriptor`` does the same but writes and
+# fences a 128-byte descriptor in every program: 10–30% slower at N ≤ 2048 on an H200.)
 
 
 @triton.jit
 def _attn_fwd_inner(
-    acc, l_i, m_i, q, k_desc, v_desc,
+    acc, l_i, m_i, q, k_desc, v_desc, off_b,
     lo, hi, offs_m, Nk, qk_scale,
-    BLOCK_N: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
 ):
     """Fold key tiles [lo, hi) into the running (acc, l_i, m_i) of one query tile. Scores live in the
     base-2 domain: qk · qk_scale = S · log2(e)."""
     offs_n = tl.arange(0, BLOCK_N)
     for start_n in tl.range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
-        k = k_desc.load([start_n, 0])
+        k = k_desc.load([off_b, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
         qk = tl.dot(q, k.T)
         if MASK:
             # Keys past Nk were loaded as zeros (score 0, not -inf): mask them, and future keys if causal.
@@ -84,7 +91,7 @@ def _attn_fwd_inner(
         # The max grew from m_i to m_ij: everything accumulated so far is rescaled by 2^(m_i - m_ij).
         alpha = tl.math.exp2(m_i - m_ij)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = v_desc.load([start_n, 0])
+        v = v_desc.load([off_b, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
         # P is rounded to the input dtype for the tensor-core matmul (as in FA2); acc stays fp32.
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
         m_i = m_ij
@@ -93,49 +100,39 @@ def _attn_fwd_inner(
 
 @triton.jit(do_not_specialize=["Nq", "Nk"])  # one compile for every length
 def _attn_fwd(
-    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,
-    stride_qb, stride_qm, stride_kb, stride_kn, stride_vb, stride_vn, stride_ob, stride_om,
+    q_desc, k_desc, v_desc, o_desc, lse_ptr,
     Nq, Nk, qk_scale, SEQ_BUCKET,  # SEQ_BUCKET: autotuning key only
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     if CAUSAL:  # query tile i visits i + 1 key tiles: launch the longest first
         pid_m = tl.num_programs(0) - 1 - pid_m
-    off_b = tl.program_id(1).to(tl.int64)
+    off_b = tl.program_id(1)
     start_m = pid_m * BLOCK_M
-    # One descriptor per (batch·head) with its exact extent: out-of-range rows load as 0, stores clip.
-    q_desc = tl.make_tensor_descriptor(q_ptr + off_b * stride_qb, shape=[Nq, HEAD_DIM], strides=[stride_qm, 1],
-                                       block_shape=[BLOCK_M, HEAD_DIM])
-    k_desc = tl.make_tensor_descriptor(k_ptr + off_b * stride_kb, shape=[Nk, HEAD_DIM], strides=[stride_kn, 1],
-                                       block_shape=[BLOCK_N, HEAD_DIM])
-    v_desc = tl.make_tensor_descriptor(v_ptr + off_b * stride_vb, shape=[Nk, HEAD_DIM], strides=[stride_vn, 1],
-                                       block_shape=[BLOCK_N, HEAD_DIM])
-    o_desc = tl.make_tensor_descriptor(o_ptr + off_b * stride_ob, shape=[Nq, HEAD_DIM], strides=[stride_om, 1],
-                                       block_shape=[BLOCK_M, HEAD_DIM])
-
     offs_m = start_m + tl.arange(0, BLOCK_M)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of the base-2 scores
     l_i = tl.zeros([BLOCK_M], tl.float32)  # running sum of 2^(score - m_i)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)  # running sum of 2^(score - m_i) · v
-    q = q_desc.load([start_m, 0])  # stays on chip for the whole loop
+    q = q_desc.load([off_b, start_m, 0]).reshape(BLOCK_M, HEAD_DIM)  # stays on chip for the whole loop
 
     if CAUSAL:  # (Nq == Nk) keys below start_m are visible to every row; BLOCK_M % BLOCK_N == 0
-        acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_desc, v_desc, 0, start_m, offs_m, Nk, qk_scale,
-                                        BLOCK_N, False, False)
+        acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_desc, v_desc, off_b, 0, start_m, offs_m, Nk, qk_scale,
+                                        HEAD_DIM, BLOCK_N, False, False)
         # the diagonal tile(s): mask key > query (and keys past Nk); the tiles above are skipped
-        acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_desc, v_desc, start_m,
+        acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_desc, v_desc, off_b, start_m,
                                         tl.minimum(start_m + BLOCK_M, Nk), offs_m, Nk, qk_scale,
-                                        BLOCK_N, True, True)
+                                        HEAD_DIM, BLOCK_N, True, True)
     else:
         n_full = (Nk // BLOCK_N) * BLOCK_N  # whole key tiles need no mask; a partial last one does
-        acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_desc, v_desc, 0, n_full, offs_m, Nk, qk_scale,
-                                        BLOCK_N, False, False)
-        acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_desc, v_desc, n_full, Nk, offs_m, Nk, qk_scale,
-                                        BLOCK_N, True, False)
+        acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_desc, v_desc, off_b, 0, n_full, offs_m, Nk, qk_scale,
+                                        HEAD_DIM, BLOCK_N, False, False)
+        acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_desc, v_desc, off_b, n_full, Nk, offs_m, Nk, qk_scale,
+                                        HEAD_DIM, BLOCK_N, True, False)
 
     # Every valid row saw at least one key, so l_i > 0. lse: back from base 2 to the natural log.
-    tl.store(lse_ptr + off_b * Nq + offs_m, (m_i + tl.math.log2(l_i)) * _LN2, mask=offs_m < Nq)
-    o_desc.store([start_m, 0], (acc / l_i[:, None]).to(o_ptr.dtype.element_ty))
+    tl.store(lse_ptr + off_b.to(tl.int64) * Nq + offs_m, (m_i + tl.math.log2(l_i)) * _LN2, mask=offs_m < Nq)
+    o = (acc / l_i[:, None]).to(o_desc.dtype)
+    o_desc.store([off_b, start_m, 0], o.reshape(1, BLOCK_M, HEAD_DIM))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -164,22 +161,22 @@ def _attn_bwd_delta(
 
 @triton.jit
 def _attn_bwd_dkdv_inner(
-    dk, dv, k, v, q_desc, do_desc, lse_ptr, delta_ptr,
+    dk, dv, k, v, q_desc, do_desc, lse_ptr, delta_ptr, off_b,
     lo, hi, offs_n, Nq, qk_scale,
-    BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr,
 ):
     """Accumulate the query tiles [lo, hi) into dK, dV of one key tile (everything transposed: keys
     are rows, so the sums over queries are matmuls)."""
     for start_m in tl.range(lo, hi, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)
         offs_m = start_m + tl.arange(0, BLOCK_M)
-        q = q_desc.load([start_m, 0])
+        q = q_desc.load([off_b, start_m, 0]).reshape(BLOCK_M, HEAD_DIM)
         # Rows past Nq get lse = +inf, so P = 2^(s - inf) = 0 there: they add nothing.
         lse = tl.load(lse_ptr + offs_m, mask=offs_m < Nq, other=float("inf")) * _LOG2E
         pT = tl.math.exp2(tl.dot(k, q.T) * qk_scale - lse[None, :])  # Pᵀ, [BLOCK_N, BLOCK_M]
         if CAUSAL:
             pT = tl.where(offs_m[None, :] >= offs_n[:, None], pT, 0.0)
-        do = do_desc.load([start_m, 0])
+        do = do_desc.load([off_b, start_m, 0]).reshape(BLOCK_M, HEAD_DIM)
         dv = tl.dot(pT.to(do.dtype), do, dv)  # dV += Pᵀ dO
         delta = tl.load(delta_ptr + offs_m, mask=offs_m < Nq, other=0.0)
         dpT = tl.dot(v, do.T)  # dPᵀ = V dOᵀ
@@ -190,63 +187,51 @@ def _attn_bwd_dkdv_inner(
 
 @triton.jit(do_not_specialize=["Nq", "Nk"])  # one compile for every length
 def _attn_bwd_dkdv(
-    q_ptr, k_ptr, v_ptr, do_ptr, dk_ptr, dv_ptr, lse_ptr, delta_ptr,
-    stride_qb, stride_qm, stride_kb, stride_kn, stride_vb, stride_vn, stride_dob, stride_dom,
-    stride_dkb, stride_dkn, stride_dvb, stride_dvn,
+    q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr,
     Nq, Nk, scale, qk_scale, SEQ_BUCKET,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
 ):
     """One program per BLOCK_N keys: K, V and the dK, dV accumulators stay on chip while Q, dO,
     lse and Δ stream past."""
     start_n = tl.program_id(0) * BLOCK_N
-    off_b = tl.program_id(1).to(tl.int64)
-    q_desc = tl.make_tensor_descriptor(q_ptr + off_b * stride_qb, shape=[Nq, HEAD_DIM], strides=[stride_qm, 1],
-                                       block_shape=[BLOCK_M, HEAD_DIM])
-    do_desc = tl.make_tensor_descriptor(do_ptr + off_b * stride_dob, shape=[Nq, HEAD_DIM],
-                                        strides=[stride_dom, 1], block_shape=[BLOCK_M, HEAD_DIM])
-    k_desc = tl.make_tensor_descriptor(k_ptr + off_b * stride_kb, shape=[Nk, HEAD_DIM], strides=[stride_kn, 1],
-                                       block_shape=[BLOCK_N, HEAD_DIM])
-    v_desc = tl.make_tensor_descriptor(v_ptr + off_b * stride_vb, shape=[Nk, HEAD_DIM], strides=[stride_vn, 1],
-                                       block_shape=[BLOCK_N, HEAD_DIM])
-    dk_desc = tl.make_tensor_descriptor(dk_ptr + off_b * stride_dkb, shape=[Nk, HEAD_DIM],
-                                        strides=[stride_dkn, 1], block_shape=[BLOCK_N, HEAD_DIM])
-    dv_desc = tl.make_tensor_descriptor(dv_ptr + off_b * stride_dvb, shape=[Nk, HEAD_DIM],
-                                        strides=[stride_dvn, 1], block_shape=[BLOCK_N, HEAD_DIM])
-    lse_ptr += off_b * Nq
-    delta_ptr += off_b * Nq
+    off_b = tl.program_id(1)
+    lse_ptr += off_b.to(tl.int64) * Nq
+    delta_ptr += off_b.to(tl.int64) * Nq
 
     offs_n = start_n + tl.arange(0, BLOCK_N)
     # Keys past Nk load as zeros; their rows of dK, dV are computed (rows never mix in a matmul) but not stored.
-    k = k_desc.load([start_n, 0])
-    v = v_desc.load([start_n, 0])
+    k = k_desc.load([off_b, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
+    v = v_desc.load([off_b, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
     dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     if CAUSAL:  # (Nq == Nk) queries before start_n see none of these keys: skipped
         # queries [start_n, start_n + BLOCK_N) straddle the diagonal (BLOCK_N % BLOCK_M == 0)...
-        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_desc, do_desc, lse_ptr, delta_ptr, start_n,
-                                      tl.minimum(start_n + BLOCK_N, Nq), offs_n, Nq, qk_scale, BLOCK_M, True)
+        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_desc, do_desc, lse_ptr, delta_ptr, off_b, start_n,
+                                      tl.minimum(start_n + BLOCK_N, Nq), offs_n, Nq, qk_scale,
+                                      HEAD_DIM, BLOCK_M, True)
         # ...and every later query sees all of them
-        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_desc, do_desc, lse_ptr, delta_ptr, start_n + BLOCK_N,
-                                      Nq, offs_n, Nq, qk_scale, BLOCK_M, False)
+        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_desc, do_desc, lse_ptr, delta_ptr, off_b, start_n + BLOCK_N,
+                                      Nq, offs_n, Nq, qk_scale, HEAD_DIM, BLOCK_M, False)
     else:
-        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_desc, do_desc, lse_ptr, delta_ptr, 0, Nq, offs_n, Nq,
-                                      qk_scale, BLOCK_M, False)
-    dv_desc.store([start_n, 0], dv.to(dv_ptr.dtype.element_ty))
-    dk_desc.store([start_n, 0], (dk * scale).to(dk_ptr.dtype.element_ty))  # S = scale·QKᵀ: dK = scale·dSᵀQ
+        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_desc, do_desc, lse_ptr, delta_ptr, off_b, 0, Nq, offs_n, Nq,
+                                      qk_scale, HEAD_DIM, BLOCK_M, False)
+    dv_desc.store([off_b, start_n, 0], dv.to(dv_desc.dtype).reshape(1, BLOCK_N, HEAD_DIM))
+    # S = scale·QKᵀ, so dK = scale·dSᵀQ
+    dk_desc.store([off_b, start_n, 0], (dk * scale).to(dk_desc.dtype).reshape(1, BLOCK_N, HEAD_DIM))
 
 
 @triton.jit
 def _attn_bwd_dq_inner(
-    dq, q, do, lse, delta, k_desc, v_desc,
+    dq, q, do, lse, delta, k_desc, v_desc, off_b,
     lo, hi, offs_m, Nk, qk_scale,
-    BLOCK_N: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
 ):
     """Accumulate the key tiles [lo, hi) into dQ of one query tile."""
     offs_n = tl.arange(0, BLOCK_N)
     for start_n in tl.range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
-        k = k_desc.load([start_n, 0])
-        v = v_desc.load([start_n, 0])
+        k = k_desc.load([off_b, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
+        v = v_desc.load([off_b, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
         p = tl.math.exp2(tl.dot(q, k.T) * qk_scale - lse[:, None])
         if MASK:
             # Keys past Nk are zero rows, but 2^(0 - lse) can overflow for very negative lse and
@@ -263,9 +248,7 @@ def _attn_bwd_dq_inner(
 
 @triton.jit(do_not_specialize=["Nq", "Nk"])  # one compile for every length
 def _attn_bwd_dq(
-    q_ptr, k_ptr, v_ptr, do_ptr, dq_ptr, lse_ptr, delta_ptr,
-    stride_qb, stride_qm, stride_kb, stride_kn, stride_vb, stride_vn, stride_dob, stride_dom,
-    stride_dqb, stride_dqm,
+    q_desc, k_desc, v_desc, do_desc, dq_desc, lse_ptr, delta_ptr,
     Nq, Nk, scale, qk_scale, SEQ_BUCKET,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
 ):
@@ -274,36 +257,26 @@ def _attn_bwd_dq(
     if CAUSAL:
         pid_m = tl.num_programs(0) - 1 - pid_m
     start_m = pid_m * BLOCK_M
-    off_b = tl.program_id(1).to(tl.int64)
-    q_desc = tl.make_tensor_descriptor(q_ptr + off_b * stride_qb, shape=[Nq, HEAD_DIM], strides=[stride_qm, 1],
-                                       block_shape=[BLOCK_M, HEAD_DIM])
-    do_desc = tl.make_tensor_descriptor(do_ptr + off_b * stride_dob, shape=[Nq, HEAD_DIM],
-                                        strides=[stride_dom, 1], block_shape=[BLOCK_M, HEAD_DIM])
-    dq_desc = tl.make_tensor_descriptor(dq_ptr + off_b * stride_dqb, shape=[Nq, HEAD_DIM],
-                                        strides=[stride_dqm, 1], block_shape=[BLOCK_M, HEAD_DIM])
-    k_desc = tl.make_tensor_descriptor(k_ptr + off_b * stride_kb, shape=[Nk, HEAD_DIM], strides=[stride_kn, 1],
-                                       block_shape=[BLOCK_N, HEAD_DIM])
-    v_desc = tl.make_tensor_descriptor(v_ptr + off_b * stride_vb, shape=[Nk, HEAD_DIM], strides=[stride_vn, 1],
-                                       block_shape=[BLOCK_N, HEAD_DIM])
+    off_b = tl.program_id(1)
 
     offs_m = start_m + tl.arange(0, BLOCK_M)
-    q = q_desc.load([start_m, 0])
-    do = do_desc.load([start_m, 0])
-    lse = tl.load(lse_ptr + off_b * Nq + offs_m, mask=offs_m < Nq, other=float("inf")) * _LOG2E
-    delta = tl.load(delta_ptr + off_b * Nq + offs_m, mask=offs_m < Nq, other=0.0)
+    q = q_desc.load([off_b, start_m, 0]).reshape(BLOCK_M, HEAD_DIM)
+    do = do_desc.load([off_b, start_m, 0]).reshape(BLOCK_M, HEAD_DIM)
+    lse = tl.load(lse_ptr + off_b.to(tl.int64) * Nq + offs_m, mask=offs_m < Nq, other=float("inf")) * _LOG2E
+    delta = tl.load(delta_ptr + off_b.to(tl.int64) * Nq + offs_m, mask=offs_m < Nq, other=0.0)
     dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     if CAUSAL:  # same split as the forward (BLOCK_M % BLOCK_N == 0)
-        dq = _attn_bwd_dq_inner(dq, q, do, lse, delta, k_desc, v_desc, 0, start_m, offs_m, Nk, qk_scale,
-                                BLOCK_N, False, False)
-        dq = _attn_bwd_dq_inner(dq, q, do, lse, delta, k_desc, v_desc, start_m, tl.minimum(start_m + BLOCK_M, Nk),
-                                offs_m, Nk, qk_scale, BLOCK_N, True, True)
+        dq = _attn_bwd_dq_inner(dq, q, do, lse, delta, k_desc, v_desc, off_b, 0, start_m, offs_m, Nk, qk_scale,
+                                HEAD_DIM, BLOCK_N, False, False)
+        dq = _attn_bwd_dq_inner(dq, q, do, lse, delta, k_desc, v_desc, off_b, start_m,
+                                tl.minimum(start_m + BLOCK_M, Nk), offs_m, Nk, qk_scale, HEAD_DIM, BLOCK_N, True, True)
     else:
         n_full = (Nk // BLOCK_N) * BLOCK_N
-        dq = _attn_bwd_dq_inner(dq, q, do, lse, delta, k_desc, v_desc, 0, n_full, offs_m, Nk, qk_scale,
-                                BLOCK_N, False, False)
-        dq = _attn_bwd_dq_inner(dq, q, do, lse, delta, k_desc, v_desc, n_full, Nk, offs_m, Nk, qk_scale,
-                                BLOCK_N, True, False)
-    dq_desc.store([start_m, 0], (dq * scale).to(dq_ptr.dtype.element_ty))
+        dq = _attn_bwd_dq_inner(dq, q, do, lse, delta, k_desc, v_desc, off_b, 0, n_full, offs_m, Nk, qk_scale,
+                                HEAD_DIM, BLOCK_N, False, False)
+        dq = _attn_bwd_dq_inner(dq, q, do, lse, delta, k_desc, v_desc, off_b, n_full, Nk, offs_m, Nk, qk_scale,
+                                HEAD_DIM, BLOCK_N, True, False)
+    dq_desc.store([off_b, start_m, 0], (dq * scale).to(dq_desc.dtype).reshape(1, BLOCK_M, HEAD_DIM))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -311,26 +284,32 @@ def _attn_bwd_dq(
 # ----------------------------------------------------------------------------------------------
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) tried on an H100/H200, per head-dim class: four each, so
-# that compiling them all stays quick. Larger head dims need more registers per row (the fp32
-# accumulators are BLOCK × D), hence 8 warps for 128-row tiles at D = 128. Configs that do not fit
-# (fp32 inputs need twice the shared memory) are dropped by the autotuner.
-_FWD = {  # BLOCK_N <= HEAD_DIM, as in Triton's tutorial
-    32: [(128, 32, 4, 3), (64, 32, 4, 3), (128, 16, 4, 3), (64, 16, 4, 3)],
-    64: [(128, 64, 4, 3), (128, 64, 4, 4), (128, 32, 4, 3), (64, 64, 4, 3)],
-    128: [(128, 128, 8, 2), (128, 128, 8, 3), (128, 64, 4, 3), (128, 64, 4, 2)],
+# that compiling them all stays quick; chosen by a sweep on an H200 (scripts/gpu/fa_*_experiments.py
+# in the git history, numbers in docs/performance.md). Larger head dims need more registers per row
+# (the fp32 accumulators are BLOCK × D). The first entry is the untuned default; configs that do not
+# fit (fp32 inputs need twice the shared memory) are dropped.
+_FWD = {  # BLOCK_M % BLOCK_N == 0 for the causal split
+    32: [(64, 32, 4, 3), (128, 32, 4, 3), (64, 64, 4, 3), (128, 64, 4, 3)],
+    64: [(64, 64, 4, 3), (128, 64, 4, 3), (128, 128, 4, 3), (128, 64, 4, 4)],
+    128: [(64, 64, 4, 3), (128, 64, 4, 2), (128, 128, 8, 3), (128, 64, 4, 3)],
 }
 # dK/dV: BLOCK_N keys stay resident, BLOCK_M queries stream (BLOCK_N % BLOCK_M == 0 for the causal split).
-# (32, 128, 4 warps, 5 stages) is the tutorial's H100 choice at D = 64.
 _DKDV = {
-    32: [(32, 128, 4, 5), (64, 128, 8, 3), (32, 64, 4, 3), (64, 64, 4, 3)],
-    64: [(32, 128, 4, 5), (64, 128, 8, 3), (32, 64, 4, 3), (64, 64, 4, 3)],
-    128: [(32, 128, 8, 3), (64, 128, 8, 2), (32, 64, 4, 3), (64, 64, 4, 2)],
+    32: [(32, 128, 4, 3), (32, 64, 4, 3), (64, 64, 4, 3), (32, 128, 4, 5)],
+    64: [(32, 128, 4, 3), (32, 64, 4, 3), (64, 64, 4, 3), (32, 128, 4, 5)],
+    128: [(64, 64, 4, 2), (32, 64, 4, 3), (64, 128, 8, 2), (32, 128, 8, 3)],
 }
 # dQ: BLOCK_M queries stay resident, BLOCK_N keys stream (BLOCK_M % BLOCK_N == 0).
 _DQ = {
-    32: [(128, 32, 4, 5), (128, 64, 8, 3), (64, 32, 4, 3), (64, 64, 4, 3)],
-    64: [(128, 32, 4, 5), (128, 64, 8, 3), (64, 32, 4, 3), (64, 64, 4, 3)],
-    128: [(128, 32, 8, 3), (128, 64, 8, 2), (64, 32, 4, 3), (64, 64, 4, 2)],
+    32: [(128, 64, 8, 3), (64, 64, 4, 3), (128, 64, 4, 3), (128, 32, 4, 5)],
+    64: [(128, 64, 8, 3), (64, 64, 4, 3), (128, 64, 4, 3), (128, 32, 4, 5)],
+    128: [(128, 64, 8, 3), (64, 32, 4, 3), (64, 64, 4, 2), (128, 32, 8, 3)],
+}
+# Which block size each kernel's descriptor arguments use: BLOCK_M rows ("M") or BLOCK_N rows ("N").
+_TILES = {
+    "fwd": {"q_desc": "M", "o_desc": "M", "k_desc": "N", "v_desc": "N"},
+    "dkdv": {"q_desc": "M", "do_desc": "M", "k_desc": "N", "v_desc": "N", "dk_desc": "N", "dv_desc": "N"},
+    "dq": {"q_desc": "M", "do_desc": "M", "dq_desc": "M", "k_desc": "N", "v_desc": "N"},
 }
 # Interpreter configs: the smallest tiles tl.dot allows keep the tests' short sequences multi-tile.
 _INTERPRET = {"fwd": (32, 16), "dkdv": (16, 32), "dq": (32, 16), "delta": 32}
@@ -342,13 +321,22 @@ AUTOTUNE_MIN_WORK = 1 << 32
 
 
 def _candidates(table: dict, head_dim: int) -> list[tuple[int, int, int, int]]:
-    row = table[min(d for d in table if d >= head_dim)]
-    return [c for c in row if table is not _FWD or c[1] <= head_dim]
+    return table[min(d for d in table if d >= head_dim)]
 
 
-def _configs(table: dict) -> list[triton.Config]:
+def _set_block_shapes(descriptors: dict, tiles: dict[str, str], block_m: int, block_n: int) -> None:
+    for name, which in tiles.items():
+        desc = descriptors[name]
+        desc.block_shape = [1, block_m if which == "M" else block_n, desc.shape[-1]]
+
+
+def _configs(table: dict, tiles: dict[str, str]) -> list[triton.Config]:
+    def pre_hook(nargs):  # the descriptors' block shapes follow the config being launched
+        _set_block_shapes(nargs, tiles, nargs["BLOCK_M"], nargs["BLOCK_N"])
+
     seen = {c for cs in table.values() for c in cs}
-    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in sorted(seen)]
+    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s, pre_hook=pre_hook)
+            for m, n, w, s in sorted(seen)]
 
 
 def _pruner(table: dict):
@@ -359,18 +347,20 @@ def _pruner(table: dict):
     return prune
 
 
-def _quick_bench(fn, quantiles):  # tuning needs ranking, not precision: shorter than do_bench's default
-    return triton.testing.do_bench(fn, warmup=5, rep=25, quantiles=quantiles)
+def _quick_bench(fn, quantiles):
+    # do_bench's defaults (25 ms warm-up, 100 ms of runs): the best candidates are often within 5%, and
+    # shorter runs ranked them differently from one process to the next.
+    return triton.testing.do_bench(fn, warmup=25, rep=100, quantiles=quantiles)
 
 
-def _tuned(kernel, table: dict):
-    return triton.autotune(_configs(table), key=["HEAD_DIM", "CAUSAL", "SEQ_BUCKET"],
+def _tuned(kernel, table: dict, tiles: dict[str, str]):
+    return triton.autotune(_configs(table, tiles), key=["HEAD_DIM", "CAUSAL", "SEQ_BUCKET"],
                            prune_configs_by={"early_config_prune": _pruner(table)}, do_bench=_quick_bench)(kernel)
 
 
-_attn_fwd_tuned = _tuned(_attn_fwd, _FWD)
-_attn_bwd_dkdv_tuned = _tuned(_attn_bwd_dkdv, _DKDV)
-_attn_bwd_dq_tuned = _tuned(_attn_bwd_dq, _DQ)
+_attn_fwd_tuned = _tuned(_attn_fwd, _FWD, _TILES["fwd"])
+_attn_bwd_dkdv_tuned = _tuned(_attn_bwd_dkdv, _DKDV, _TILES["dkdv"])
+_attn_bwd_dq_tuned = _tuned(_attn_bwd_dq, _DQ, _TILES["dq"])
 
 
 def _seq_bucket(n: int) -> int:
@@ -378,32 +368,44 @@ def _seq_bucket(n: int) -> int:
     return max(1024, triton.next_power_of_2(n))
 
 
-def _tma_scratch(size: int, alignment: int, stream) -> torch.Tensor:
-    return torch.empty(size, device="cuda", dtype=torch.int8)
+def _descriptor(x3: torch.Tensor) -> TensorDescriptor:
+    """A (batch, rows, D) descriptor; its block shape is set per launch."""
+    return TensorDescriptor(x3, list(x3.shape), list(x3.stride()), [1, 16, x3.shape[-1]])
 
 
-def _launch(kernel, tuned, table: dict, grid_of, interpreter_blocks: tuple[int, int], work: int, *args, **meta):
-    """Launch ``kernel``: with fixed small tiles in the interpreter (no autotuner there), through the
-    autotuner ``tuned`` for big calls on the GPU, else with the first candidate config that fits."""
+def _launch(kernel, tuned, table: dict, tiles: dict[str, str], grid_of, interpreter_blocks: tuple[int, int],
+            work: int, tensors: dict[str, torch.Tensor], **args) -> None:
+    """Launch ``kernel`` with a descriptor for each of ``tensors``: with fixed small tiles in the
+    interpreter (no autotuner there), through the autotuner ``tuned`` for big calls on the GPU, else
+    with the first candidate config that fits."""
+    descriptors = {name: _descriptor(t) for name, t in tensors.items()}
     if _interpreting():
         block_m, block_n = interpreter_blocks
-        kernel[grid_of(block_m, block_n)](*args, **meta, BLOCK_M=block_m, BLOCK_N=block_n)
+        _set_block_shapes(descriptors, tiles, block_m, block_n)
+        kernel[grid_of(block_m, block_n)](**descriptors, **args, BLOCK_M=block_m, BLOCK_N=block_n)
         return
-    # Device-side tensor descriptors need a little global scratch memory. The allocator lives in a
-    # context variable, and autograd runs backward on its own thread: set it on every launch.
-    triton.set_allocator(_tma_scratch)
     if work >= AUTOTUNE_MIN_WORK:
-        tuned[lambda cfg: grid_of(cfg["BLOCK_M"], cfg["BLOCK_N"])](*args, **meta)
+        tuned[lambda cfg: grid_of(cfg["BLOCK_M"], cfg["BLOCK_N"])](**descriptors, **args)
         return
-    candidates = _candidates(table, meta["HEAD_DIM"])
+    candidates = _candidates(table, args["HEAD_DIM"])
     for i, (block_m, block_n, warps, stages) in enumerate(candidates):
+        _set_block_shapes(descriptors, tiles, block_m, block_n)
         try:
-            kernel[grid_of(block_m, block_n)](*args, **meta, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps,
-                                             num_stages=stages)
+            kernel[grid_of(block_m, block_n)](**descriptors, **args, BLOCK_M=block_m, BLOCK_N=block_n,
+                                             num_warps=warps, num_stages=stages)
             return
         except OutOfResources:  # fp32 tiles can exceed shared memory: next candidate
             if i == len(candidates) - 1:
                 raise
+
+
+_SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    if device not in _SIDE_STREAMS:
+        _SIDE_STREAMS[device] = torch.cuda.Stream(device)
+    return _SIDE_STREAMS[device]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -479,12 +481,10 @@ def flash_attention_forward(
     if batch == 0:  # a zero-sized leading dim: nothing to launch
         return o, lse
     _launch(
-        _attn_fwd, _attn_fwd_tuned, _FWD, lambda bm, bn: (triton.cdiv(n_q, bm), batch), _INTERPRET["fwd"],
-        batch * n_q * n_k * d,
-        q3, k3, v3, o3, lse,
-        q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), v3.stride(0), v3.stride(1),
-        o3.stride(0), o3.stride(1),
-        n_q, n_k, scale * LOG2E, _seq_bucket(max(n_q, n_k)),
+        _attn_fwd, _attn_fwd_tuned, _FWD, _TILES["fwd"], lambda bm, bn: (triton.cdiv(n_q, bm), batch),
+        _INTERPRET["fwd"], batch * n_q * n_k * d,
+        {"q_desc": q3, "k_desc": k3, "v_desc": v3, "o_desc": o3},
+        lse_ptr=lse, Nq=n_q, Nk=n_k, qk_scale=scale * LOG2E, SEQ_BUCKET=_seq_bucket(max(n_q, n_k)),
         HEAD_DIM=d, CAUSAL=bool(is_causal),
     )
     return o, lse
@@ -526,25 +526,37 @@ def flash_attention_backward(
         o3.stride(0), o3.stride(1), o3.stride(2), do3.stride(0), do3.stride(1), do3.stride(2),
         n_q, HEAD_DIM=d, BLOCK_M=block,
     )
-    common = (q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), v3.stride(0), v3.stride(1),
-              do3.stride(0), do3.stride(1))
     bucket = _seq_bucket(max(n_q, n_k))
     work = batch * n_q * n_k * d
-    _launch(
-        _attn_bwd_dkdv, _attn_bwd_dkdv_tuned, _DKDV, lambda bm, bn: (triton.cdiv(n_k, bn), batch), _INTERPRET["dkdv"],
-        work,
-        q3, k3, v3, do3, dk3, dv3, lse2, delta,
-        *common, dk3.stride(0), dk3.stride(1), dv3.stride(0), dv3.stride(1),
-        n_q, n_k, scale, scale * LOG2E, bucket,
-        HEAD_DIM=d, CAUSAL=bool(is_causal),
-    )
-    _launch(
-        _attn_bwd_dq, _attn_bwd_dq_tuned, _DQ, lambda bm, bn: (triton.cdiv(n_q, bm), batch), _INTERPRET["dq"], work,
-        q3, k3, v3, do3, dq3, lse2, delta,
-        *common, dq3.stride(0), dq3.stride(1),
-        n_q, n_k, scale, scale * LOG2E, bucket,
-        HEAD_DIM=d, CAUSAL=bool(is_causal),
-    )
+    shared = dict(lse_ptr=lse2, delta_ptr=delta, Nq=n_q, Nk=n_k, scale=scale, qk_scale=scale * LOG2E,
+                  SEQ_BUCKET=bucket, HEAD_DIM=d, CAUSAL=bool(is_causal))
+
+    def dkdv_pass() -> None:
+        _launch(_attn_bwd_dkdv, _attn_bwd_dkdv_tuned, _DKDV, _TILES["dkdv"],
+                lambda bm, bn: (triton.cdiv(n_k, bn), batch), _INTERPRET["dkdv"], work,
+                {"q_desc": q3, "k_desc": k3, "v_desc": v3, "do_desc": do3, "dk_desc": dk3, "dv_desc": dv3},
+                **shared)
+
+    def dq_pass() -> None:
+        _launch(_attn_bwd_dq, _attn_bwd_dq_tuned, _DQ, _TILES["dq"], lambda bm, bn: (triton.cdiv(n_q, bm), batch),
+                _INTERPRET["dq"], work, {"q_desc": q3, "k_desc": k3, "v_desc": v3, "do_desc": do3, "dq_desc": dq3},
+                **shared)
+
+    if _interpreting():
+        dkdv_pass()
+        dq_pass()
+        return dq, dk, dv
+    # The two kernels read the same inputs and write different outputs: run them side by side. Alone,
+    # neither keeps every SM's tensor cores busy (at N = 16k, D = 64, causal on an H200: dK/dV 3.0 ms
+    # and dQ 1.4 ms back to back, 4.3 ms side by side). The side stream starts after Δ is written, and
+    # the caller's stream waits for it before anything can read dq or reuse the memory of the inputs.
+    main = torch.cuda.current_stream(q.device)
+    side = _side_stream(q.device)
+    side.wait_stream(main)
+    dkdv_pass()
+    with torch.cuda.stream(side):
+        dq_pass()
+    main.wait_stream(side)
     return dq, dk, dv
 
 
