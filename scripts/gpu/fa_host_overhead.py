@@ -1,6 +1,7 @@
 """Host (CPU) overhead of the FlashAttention reference per call vs its GPU time, and a profile.
 
-    PYTHONUNBUFFERED=1 PYTHONPATH=$PWD python3 scripts/gpu/fa_host_overhead.py
+    PYTHONUNBUFFERED=1 PYTHONPATH=$PWD python3 scripts/gpu/fa_host_overhead.py            # per call + profile
+    PYTHONUNBUFFERED=1 PYTHONPATH=$PWD python3 scripts/gpu/fa_host_overhead.py --pieces   # each piece's host cost
 """
 
 from __future__ import annotations
@@ -123,4 +124,7 @@ def pieces() -> None:
 if __name__ == "__main__":
     import sys
 
-    pieces() if "--pieces" in sys.argv else main()
+    if "--pieces" in sys.argv:
+        pieces()
+    else:
+        main()
