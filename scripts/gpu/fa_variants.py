@@ -1,0 +1,238 @@
+"""Side-by-side timing of FlashAttention variants (an experiment, not part of the grader).
+
+    PYTHONUNBUFFERED=1 python3 scripts/gpu/fa_variants.py [--baseline TREE] [--variant EDIT[+EDIT...]] ...
+        [--extra-on NAME] [--shapes B,H,N,D,CAUSAL ...] [--rounds 5]
+
+Variants: the current reference solution ("current"); optionally another tree's
+``flash_attention/flash_attention.py`` ("baseline", e.g. ``git show REV:solutions/...`` written to
+TREE/flash_attention/flash_attention.py), listed first; and named source edits of the current solution
+(``EDITS`` below; "a+b" applies both), so an experiment is a few reviewed lines, not a copy of the
+solution. ``--extra-on NAME`` adds NAME again with extra autotune candidates (``EXTRA``) and prints the
+autotuner's timing of every candidate. Each variant is checked against the first, then forward,
+backward and forward+backward are timed with ``triton.testing.do_bench`` in interleaved rounds (A, B,
+C, A, B, C, ...); prints the median over rounds, the spread and the ratio to the first variant. Writes
+$OUT/fa_variants.json when $OUT is set. Results: docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import types
+from pathlib import Path
+
+import torch
+import triton
+from triton.testing import do_bench
+
+ROOT = Path(__file__).resolve().parents[2]
+SOLUTION = ROOT / "solutions" / "flash_attention" / "flash_attention.py"
+# Extra candidates for ``--extra-on``: (table, head dim) -> configs appended to the candidate list.
+EXTRA = {
+    ("_DKDV", 64): [(64, 128, 8, 2), (64, 128, 8, 3), (32, 128, 4, 4), (64, 64, 4, 4)],
+    ("_DQ", 64): [(128, 128, 8, 3), (128, 64, 8, 2)],
+}
+SHAPES = [  # (batch, heads, N, D, causal)
+    (1, 16, 16384, 64, True),  # the CS336 leaderboard case
+    (4, 16, 4096, 64, True),
+    (4, 16, 4096, 64, False),
+    (4, 16, 4096, 128, True),
+]
+
+# Named source edits of the reference solution: variant "a+b" applies edit a, then edit b. Each edit is
+# a list of (old, new) replacements; old must occur exactly once. Measured in docs/performance.md.
+_FWD_PID = '''    pid_m = tl.program_id(0)
+    if CAUSAL:  # query tile i visits i + 1 key tiles: launch the longest first
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    off_b = tl.program_id(1)
+'''
+_FWD_GRID = '''_TILES["fwd"], lambda bm, bn: (triton.cdiv(n_q, bm), batch),'''
+EDITS: dict[str, list[tuple[str, str]]] = {
+    # Causal forward on a (batch, tiles) grid launched batch-fastest: the longest tile of every head first.
+    "lpt_forward": [
+        (_FWD_PID, '''    if CAUSAL:
+        off_b = tl.program_id(0)
+        pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
+    else:
+        pid_m = tl.program_id(0)
+        off_b = tl.program_id(1)
+'''),
+        (_FWD_GRID, '''_TILES["fwd"],
+        lambda bm, bn: (batch, triton.cdiv(n_q, bm)) if is_causal else (triton.cdiv(n_q, bm), batch),'''),
+    ],
+    # The same, but longest-first only within groups of GROUP heads, so that the programs running together
+    # share a few heads' K and V in L2.
+    "grouped_lpt_forward": [
+        ('''    Nq, Nk, qk_scale, SEQ_BUCKET,  # SEQ_BUCKET: autotuning key only
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+):''', '''    Nq, Nk, qk_scale, SEQ_BUCKET, NB,  # SEQ_BUCKET: autotuning key only
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+    GROUP: tl.constexpr = 8,
+):'''),
+        (_FWD_PID, '''    if CAUSAL:
+        pid = tl.program_id(0)
+        n_tiles = tl.cdiv(Nq, BLOCK_M)
+        group = pid // (GROUP * n_tiles)
+        first_b = group * GROUP
+        size = tl.minimum(NB - first_b, GROUP)
+        r = pid - group * GROUP * n_tiles
+        off_b = first_b + r % size
+        pid_m = n_tiles - 1 - r // size
+    else:
+        pid_m = tl.program_id(0)
+        off_b = tl.program_id(1)
+'''),
+        (_FWD_GRID, '''_TILES["fwd"],
+        lambda bm, bn: (batch * triton.cdiv(n_q, bm),) if is_causal else (triton.cdiv(n_q, bm), batch),'''),
+        ('''SEQ_BUCKET=_seq_bucket(max(n_q, n_k)),
+        HEAD_DIM=d, CAUSAL=bool(is_causal),''', '''SEQ_BUCKET=_seq_bucket(max(n_q, n_k)), NB=batch,
+        HEAD_DIM=d, CAUSAL=bool(is_causal),'''),
+    ],
+    # dK/dV: issue dPᵀ = V dOᵀ right after Sᵀ, before the exponentials.
+    "dkdv_early_dp": [
+        ("""        # Rows past Nq get lse = +inf""",
+         """        do = do_desc.load([off_b, start_m, 0]).reshape(BLOCK_M, HEAD_DIM)
+        # Rows past Nq get lse = +inf"""),
+        ("""        pT = tl.math.exp2(tl.dot(k, q.T) * qk_scale""", """        qkT = tl.dot(k, q.T)
+        dpT = tl.dot(v, do.T)
+        pT = tl.math.exp2(qkT * qk_scale"""),
+        ("""        do = do_desc.load([off_b, start_m, 0]).reshape(BLOCK_M, HEAD_DIM)
+        dv = tl.dot(""", """        dv = tl.dot("""),
+        ("""        dpT = tl.dot(v, do.T)  # dPᵀ = V dOᵀ
+""", ""),
+    ],
+    # dQ: issue dP = dO Vᵀ right after S, before the exponentials.
+    "dq_early_dp": [
+        ('''        p = tl.math.exp2(tl.dot(q, k.T) * qk_scale - lse[:, None])
+        if MASK:''', '''        qk = tl.dot(q, k.T)
+        dp = tl.dot(do, v.T)
+        p = tl.math.exp2(qk * qk_scale - lse[:, None])
+        if MASK:'''),
+        ('''        dp = tl.dot(do, v.T)  # dP = dO Vᵀ
+        ds = p''', '''        ds = p'''),
+    ],
+    # dK/dV candidates at D <= 64 without 64×64 tiles (they win the causal tuning alone, not side by side).
+    "dkdv_no_64x64": [
+        ('''    64: [(32, 128, 4, 3), (32, 64, 4, 3), (64, 64, 4, 3), (32, 128, 4, 5)],''',
+         '''    64: [(32, 128, 4, 3), (32, 64, 4, 3), (32, 128, 4, 4), (32, 128, 4, 5)],'''),
+    ],
+}
+
+
+def with_edits(source: str, names: str) -> str:
+    for name in names.split("+"):
+        for old, new in EDITS[name]:
+            if source.count(old) != 1:
+                raise SystemExit(f"edit {name!r} no longer applies: {old.splitlines()[0]!r} found {source.count(old)}x")
+            source = source.replace(old, new)
+    return source
+
+
+def load_source(source: str, name: str, patch=None):
+    # Triton reads a kernel's source back from its file (inspect): every variant gets a file of its own.
+    path = Path(tempfile.mkdtemp(prefix="fa_variant_")) / f"{name}.py"
+    path.write_text(source)
+    module = types.ModuleType(name)
+    module.__file__ = str(path)
+    sys.modules[name] = module
+    exec(compile(source, str(path), "exec"), module.__dict__)
+    if patch:
+        patch(module)
+    return module
+
+
+def add_extra(module) -> None:
+    for (table, d), configs in EXTRA.items():
+        getattr(module, table)[d] = getattr(module, table)[d] + configs
+    # the autotuners were built from the old tables: rebuild them with the extra configs
+    module._attn_fwd_tuned = module._tuned(module._attn_fwd, module._FWD, module._TILES["fwd"])
+    module._attn_bwd_dkdv_tuned = module._tuned(module._attn_bwd_dkdv, module._DKDV, module._TILES["dkdv"])
+    module._attn_bwd_dq_tuned = module._tuned(module._attn_bwd_dq, module._DQ, module._TILES["dq"])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--baseline", help="tree holding flash_attention/flash_attention.py, listed first")
+    parser.add_argument("--variant", action="append", default=[], help="EDIT[+EDIT...], one of: " + ", ".join(EDITS))
+    parser.add_argument("--extra-on", default="", help="the variant that also runs with EXTRA candidates")
+    parser.add_argument("--shapes", nargs="*", default=None, help="B,H,N,D,causal(0/1) each (default: SHAPES)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rep", type=int, default=100, help="do_bench rep (ms) per measurement")
+    args = parser.parse_args()
+    t0 = time.time()
+    current = SOLUTION.read_text()
+    sources: dict[str, str] = {}
+    if args.baseline:
+        sources["baseline"] = (ROOT / args.baseline / "flash_attention" / "flash_attention.py").read_text()
+    sources["current"] = current
+    for names in args.variant:
+        sources[names] = with_edits(current, names)
+    variants = {name: load_source(src, f"_fa_variant_{i}") for i, (name, src) in enumerate(sources.items())}
+    if args.extra_on:
+        variants["extra"] = load_source(sources[args.extra_on], "_fa_variant_extra", add_extra)
+    first = next(iter(variants))
+    info = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}
+    print(info, flush=True)
+    results = {"info": info, "variants": list(variants), "rows": []}
+    shapes = [(*map(int, x.split(",")[:4]), x.split(",")[4] == "1") for x in args.shapes] if args.shapes else SHAPES
+    for b, h, n, d, causal in shapes:
+        g = torch.Generator(device="cuda").manual_seed(n)
+        q, k, v, do = (torch.randn((b, h, n, d), device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(4))
+        for t in (q, k, v):
+            t.requires_grad_(True)
+        inputs = (q, k, v)
+        ref_o = variants[first].flash_attention(q, k, v, causal)
+        ref = [x.detach().float() for x in (ref_o, *torch.autograd.grad(ref_o, inputs, do))]
+        for name, fa in variants.items():
+            o = fa.flash_attention(q, k, v, causal)
+            got = [x.detach().float() for x in (o, *torch.autograd.grad(o, inputs, do))]
+            errs = [float((x - y).abs().max()) for x, y in zip(got, ref)]
+            flag = "  !! disagrees" if max(errs) > 0.05 else ""
+            print(f"  check {name}: max |diff| o, dq, dk, dv = {', '.join(f'{e:.2e}' for e in errs)}{flag}", flush=True)
+        ms: dict[str, dict[str, list[float]]] = {name: {"fwd": [], "bwd": [], "fwd+bwd": []} for name in variants}
+        for _ in range(args.rounds):
+            for name, fa in variants.items():
+                fn = fa.flash_attention
+                with torch.no_grad():
+                    ms[name]["fwd"].append(do_bench(lambda fn=fn: fn(q, k, v, causal), rep=args.rep))
+                saved = fn(q, k, v, causal)
+                ms[name]["bwd"].append(do_bench(
+                    lambda saved=saved: torch.autograd.grad(saved, inputs, do, retain_graph=True), rep=args.rep))
+                del saved
+                ms[name]["fwd+bwd"].append(do_bench(
+                    lambda fn=fn: torch.autograd.grad(fn(q, k, v, causal), inputs, do), rep=args.rep))
+        row = {"shape": [b, h, n, d, causal], "ms": ms, "autotune": {}, "extra_timings": {}}
+        for kname in ("_attn_fwd_tuned", "_attn_bwd_dkdv_tuned", "_attn_bwd_dq_tuned") if args.extra_on else ():
+            timings = getattr(getattr(variants["extra"], kname), "configs_timings", None) or {}
+            ranked = sorted(timings.items(), key=lambda kv: kv[1][0] if isinstance(kv[1], list) else kv[1])
+            text = [f"{c.kwargs['BLOCK_M']}x{c.kwargs['BLOCK_N']}/w{c.num_warps}/s{c.num_stages}: "
+                    f"{(t[0] if isinstance(t, list) else t):.3f}" for c, t in ranked]
+            row["extra_timings"][kname] = text
+            print(f"  extra {kname} last tuning (ms): " + ", ".join(text), flush=True)
+        for name, fa in variants.items():
+            for kname in ("_attn_fwd_tuned", "_attn_bwd_dkdv_tuned", "_attn_bwd_dq_tuned"):
+                row["autotune"].setdefault(name, {})[kname] = [str(c) for c in getattr(fa, kname).cache.values()]
+        results["rows"].append(row)
+        label = f"b{b}h{h} N={n} D={d} {'causal' if causal else 'full'}"
+        for mode in ("fwd", "bwd", "fwd+bwd"):
+            base = statistics.median(ms[first][mode])
+            cells = []
+            for name in variants:
+                med = statistics.median(ms[name][mode])
+                spread = (max(ms[name][mode]) - min(ms[name][mode])) / med
+                cells.append(f"{name} {med:7.3f} ms (±{100 * spread:4.1f}%, {base / med:5.3f}x)")
+            print(f"{label:28} {mode:7} " + " | ".join(cells), flush=True)
+        torch.cuda.empty_cache()
+        print(f"  [{time.time() - t0:.0f} s]", flush=True)
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "fa_variants.json").write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
