@@ -6,12 +6,12 @@
 Variants: the current reference solution ("current"); optionally another tree's
 ``flash_attention/flash_attention.py`` ("baseline", e.g. ``git show REV:solutions/...`` written to
 TREE/flash_attention/flash_attention.py), listed first; and named source edits of the current solution
-(``EDITS`` below; "a+b" applies both), so an experiment is a few reviewed lines, not a copy of the
-solution. ``--extra-on NAME`` adds NAME again with extra autotune candidates (``EXTRA``) and prints the
-autotuner's timing of every candidate. Each variant is checked against the first, then forward,
-backward and forward+backward are timed with ``triton.testing.do_bench`` in interleaved rounds (A, B,
-C, A, B, C, ...); prints the median over rounds, the spread and the ratio to the first variant. Writes
-$OUT/fa_variants.json when $OUT is set. Results: docs/performance.md.
+(``EDITS`` below; "a+b" applies both), so an experiment is a few reviewed lines, not a copy of the solution.
+``--extra-on NAME`` adds NAME again with extra autotune candidates (``EXTRA``) and prints the autotuner's timing
+of every candidate. Each variant is checked against the first, then forward, backward and forward+backward are
+timed as in ``bench_flash_attention.py`` (``time_modes``, ``do_bench``) in interleaved rounds (A, B, C, A, B, C,
+...); prints the median over rounds, the spread and the ratio to the first variant. Writes $OUT/fa_variants.json
+when $OUT is set. Results: docs/performance.md.
 """
 
 from __future__ import annotations
@@ -28,7 +28,9 @@ from pathlib import Path
 
 import torch
 import triton
-from triton.testing import do_bench
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_flash_attention import autotune_choices, time_modes  # the benchmark's own timing
 
 ROOT = Path(__file__).resolve().parents[2]
 SOLUTION = ROOT / "solutions" / "flash_attention" / "flash_attention.py"
@@ -197,16 +199,9 @@ def main() -> int:
         ms: dict[str, dict[str, list[float]]] = {name: {"fwd": [], "bwd": [], "fwd+bwd": []} for name in variants}
         for _ in range(args.rounds):
             for name, fa in variants.items():
-                fn = fa.flash_attention
-                with torch.no_grad():
-                    ms[name]["fwd"].append(do_bench(lambda fn=fn: fn(q, k, v, causal), rep=args.rep))
-                saved = fn(q, k, v, causal)
-                ms[name]["bwd"].append(do_bench(
-                    lambda saved=saved: torch.autograd.grad(saved, inputs, do, retain_graph=True), rep=args.rep))
-                del saved
-                ms[name]["fwd+bwd"].append(do_bench(
-                    lambda fn=fn: torch.autograd.grad(fn(q, k, v, causal), inputs, do), rep=args.rep))
-        row = {"shape": [b, h, n, d, causal], "ms": ms, "autotune": {}, "extra_timings": {}}
+                for mode, t in time_modes(fa.flash_attention, q, k, v, do, causal, None, args.rep).items():
+                    ms[name][mode].append(t)
+        row = {"shape": [b, h, n, d, causal], "ms": ms, "extra_timings": {}}
         for kname in ("_attn_fwd_tuned", "_attn_bwd_dkdv_tuned", "_attn_bwd_dq_tuned") if args.extra_on else ():
             timings = getattr(getattr(variants["extra"], kname), "configs_timings", None) or {}
             ranked = sorted(timings.items(), key=lambda kv: kv[1][0] if isinstance(kv[1], list) else kv[1])
@@ -214,9 +209,7 @@ def main() -> int:
                     f"{(t[0] if isinstance(t, list) else t):.3f}" for c, t in ranked]
             row["extra_timings"][kname] = text
             print(f"  extra {kname} last tuning (ms): " + ", ".join(text), flush=True)
-        for name, fa in variants.items():
-            for kname in ("_attn_fwd_tuned", "_attn_bwd_dkdv_tuned", "_attn_bwd_dq_tuned"):
-                row["autotune"].setdefault(name, {})[kname] = [str(c) for c in getattr(fa, kname).cache.values()]
+        row["autotune"] = {name: autotune_choices(fa) for name, fa in variants.items()}
         results["rows"].append(row)
         label = f"b{b}h{h} N={n} D={d} {'causal' if causal else 'full'}"
         for mode in ("fwd", "bwd", "fwd+bwd"):
