@@ -87,7 +87,7 @@ def pieces() -> None:
     d = {n: fa._descriptor(t) for n, t in (("q_desc", q3), ("k_desc", k3), ("v_desc", v3), ("do_desc", do3),
                                             ("dq_desc", dq3))}
     fa._set_block_shapes(d, fa._TILES["dq"], 64, 64)
-    args = dict(lse_ptr=lse2, delta_ptr=delta, Nq=256, Nk=256, scale=0.125, qk_scale=0.18, SEQ_BUCKET=1024,
+    args = dict(lse_ptr=lse2, delta_ptr=delta, Nq=256, Nk=256, scale=0.125, qk_scale=0.18, SEQ_BUCKET=1024, ELEM_SIZE=2,
                 HEAD_DIM=64, CAUSAL=True)
 
     def stream_ops():

@@ -48,53 +48,9 @@ SHAPES = [  # (batch, heads, N, D, causal)
 
 # Named source edits of the reference solution: variant "a+b" applies edit a, then edit b. Each edit is
 # a list of (old, new) replacements; old must occur exactly once. Measured in docs/performance.md.
-_FWD_PID = '''    pid_m = tl.program_id(0)
-    if CAUSAL:  # query tile i visits i + 1 key tiles: launch the longest first
-        pid_m = tl.num_programs(0) - 1 - pid_m
-    off_b = tl.program_id(1)
-'''
-_FWD_GRID = '''_TILES["fwd"], lambda bm, bn: (triton.cdiv(n_q, bm), batch),'''
+# Edits that were adopted are gone (the causal forward's grouped longest-first launch order, fourth
+# session): time the solution they edited with --baseline (from git history).
 EDITS: dict[str, list[tuple[str, str]]] = {
-    # Causal forward on a (batch, tiles) grid launched batch-fastest: the longest tile of every head first.
-    "lpt_forward": [
-        (_FWD_PID, '''    if CAUSAL:
-        off_b = tl.program_id(0)
-        pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
-    else:
-        pid_m = tl.program_id(0)
-        off_b = tl.program_id(1)
-'''),
-        (_FWD_GRID, '''_TILES["fwd"],
-        lambda bm, bn: (batch, triton.cdiv(n_q, bm)) if is_causal else (triton.cdiv(n_q, bm), batch),'''),
-    ],
-    # The same, but longest-first only within groups of GROUP heads, so that the programs running together
-    # share a few heads' K and V in L2.
-    "grouped_lpt_forward": [
-        ('''    Nq, Nk, qk_scale, SEQ_BUCKET,  # SEQ_BUCKET: autotuning key only
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-):''', '''    Nq, Nk, qk_scale, SEQ_BUCKET, NB,  # SEQ_BUCKET: autotuning key only
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-    GROUP: tl.constexpr = 8,
-):'''),
-        (_FWD_PID, '''    if CAUSAL:
-        pid = tl.program_id(0)
-        n_tiles = tl.cdiv(Nq, BLOCK_M)
-        group = pid // (GROUP * n_tiles)
-        first_b = group * GROUP
-        size = tl.minimum(NB - first_b, GROUP)
-        r = pid - group * GROUP * n_tiles
-        off_b = first_b + r % size
-        pid_m = n_tiles - 1 - r // size
-    else:
-        pid_m = tl.program_id(0)
-        off_b = tl.program_id(1)
-'''),
-        (_FWD_GRID, '''_TILES["fwd"],
-        lambda bm, bn: (batch * triton.cdiv(n_q, bm),) if is_causal else (triton.cdiv(n_q, bm), batch),'''),
-        ('''SEQ_BUCKET=_seq_bucket(max(n_q, n_k)),
-        HEAD_DIM=d, CAUSAL=bool(is_causal),''', '''SEQ_BUCKET=_seq_bucket(max(n_q, n_k)), NB=batch,
-        HEAD_DIM=d, CAUSAL=bool(is_causal),'''),
-    ],
     # dK/dV: issue dPᵀ = V dOᵀ right after Sᵀ, before the exponentials.
     "dkdv_early_dp": [
         ("""        # Rows past Nq get lse = +inf""",
@@ -118,6 +74,79 @@ EDITS: dict[str, list[tuple[str, str]]] = {
         ('''        dp = tl.dot(do, v.T)  # dP = dO Vᵀ
         ds = p''', '''        ds = p'''),
     ],
+    # Causal backward: both kernels longest-first within groups of GROUP heads (as the forward).
+    "grouped_lpt_bwd": [
+        ('''q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr,
+    Nq, Nk, scale, qk_scale, SEQ_BUCKET, ELEM_SIZE,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+):''', '''q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr,
+    Nq, Nk, scale, qk_scale, SEQ_BUCKET, ELEM_SIZE, NB,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+    GROUP: tl.constexpr = 8,
+):'''),
+        ('''    start_n = tl.program_id(0) * BLOCK_N
+    off_b = tl.program_id(1)
+''', '''    if CAUSAL:  # key tile 0 sees every query: tile order is already longest first
+        pid = tl.program_id(0)
+        n_tiles = tl.cdiv(Nk, BLOCK_N)
+        group = pid // (GROUP * n_tiles)
+        first_b = group * GROUP
+        size = tl.minimum(NB - first_b, GROUP)
+        r = pid - group * GROUP * n_tiles
+        off_b = first_b + r % size
+        start_n = (r // size) * BLOCK_N
+    else:
+        start_n = tl.program_id(0) * BLOCK_N
+        off_b = tl.program_id(1)
+'''),
+        ('''q_desc, k_desc, v_desc, do_desc, dq_desc, lse_ptr, delta_ptr,
+    Nq, Nk, scale, qk_scale, SEQ_BUCKET, ELEM_SIZE,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+):''', '''q_desc, k_desc, v_desc, do_desc, dq_desc, lse_ptr, delta_ptr,
+    Nq, Nk, scale, qk_scale, SEQ_BUCKET, ELEM_SIZE, NB,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+    GROUP: tl.constexpr = 8,
+):'''),
+        ('''    pid_m = tl.program_id(0)
+    if CAUSAL:
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    start_m = pid_m * BLOCK_M
+    off_b = tl.program_id(1)
+''', '''    if CAUSAL:
+        pid = tl.program_id(0)
+        n_tiles = tl.cdiv(Nq, BLOCK_M)
+        group = pid // (GROUP * n_tiles)
+        first_b = group * GROUP
+        size = tl.minimum(NB - first_b, GROUP)
+        r = pid - group * GROUP * n_tiles
+        off_b = first_b + r % size
+        start_m = (n_tiles - 1 - r // size) * BLOCK_M
+    else:
+        start_m = tl.program_id(0) * BLOCK_M
+        off_b = tl.program_id(1)
+'''),
+        ("SEQ_BUCKET=bucket, ELEM_SIZE", "SEQ_BUCKET=bucket, NB=batch, ELEM_SIZE"),
+        ("lambda bm, bn: (triton.cdiv(n_k, bn), batch), _INTERPRET",
+         "lambda bm, bn: (batch * triton.cdiv(n_k, bn),) if is_causal else (triton.cdiv(n_k, bn), batch), _INTERPRET"),
+        ('_TILES["dq"], lambda bm, bn: (triton.cdiv(n_q, bm), batch),',
+         '_TILES["dq"],\n                lambda bm, bn: (batch * triton.cdiv(n_q, bm),) if is_causal '
+         'else (triton.cdiv(n_q, bm), batch),'),
+    ],
+    # The dQ pass on a high-priority side stream: its programs are dispatched before dK/dV's waiting ones.
+    "side_priority_high": [
+        ("_SIDE_STREAMS[device] = torch.cuda.Stream(device)",
+         "_SIDE_STREAMS[device] = torch.cuda.Stream(device, priority=-1)"),
+    ],
+    # The dQ pass launched before the dK/dV pass (its programs are dispatched first).
+    "dq_first": [
+        ("""    dkdv_pass()
+    with torch.cuda.stream(side):
+        dq_pass()
+""", """    with torch.cuda.stream(side):
+        dq_pass()
+    dkdv_pass()
+"""),
+    ],
     # dK/dV candidates at D <= 64 without 64×64 tiles (they win the causal tuning alone, not side by side).
     "dkdv_no_64x64": [
         ('''    64: [(32, 128, 4, 3), (32, 64, 4, 3), (64, 64, 4, 3), (32, 128, 4, 5)],''',
@@ -126,9 +155,21 @@ EDITS: dict[str, list[tuple[str, str]]] = {
 }
 
 
+def config_edit(source: str, name: str) -> list[tuple[str, str]]:
+    """``dkdv64=32.128.8.3[/32.128.4.3...]``: the candidates of _DKDV (or fwd, dq) at head dim 64 become
+    exactly these (BLOCK_M, BLOCK_N, num_warps, num_stages) configs; one config means no autotuning."""
+    key, configs = name.split("=")
+    table, head_dim = "_" + key.rstrip("0123456789").upper(), key.lstrip("abcdefghijklmnopqrstuvwxyz")
+    block = source[source.index(f"{table} = {{"):]
+    block = block[: block.index("\n}")]
+    line = next(x for x in block.splitlines() if x.startswith(f"    {head_dim}: ["))
+    tuples = ", ".join("(" + ", ".join(c.split(".")) + ")" for c in configs.split("/"))
+    return [(line, f"    {head_dim}: [{tuples}],")]
+
+
 def with_edits(source: str, names: str) -> str:
     for name in names.split("+"):
-        for old, new in EDITS[name]:
+        for old, new in (config_edit(source, name) if "=" in name else EDITS[name]):
             if source.count(old) != 1:
                 raise SystemExit(f"edit {name!r} no longer applies: {old.splitlines()[0]!r} found {source.count(old)}x")
             source = source.replace(old, new)
@@ -160,7 +201,8 @@ def add_extra(module) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline", help="tree holding flash_attention/flash_attention.py, listed first")
-    parser.add_argument("--variant", action="append", default=[], help="EDIT[+EDIT...], one of: " + ", ".join(EDITS))
+    parser.add_argument("--variant", action="append", default=[], help="EDIT[+EDIT...], each one of " + ", ".join(EDITS)
+                        + " or a config edit such as dkdv64=32.128.8.3 (see config_edit)")
     parser.add_argument("--extra-on", default="", help="the variant that also runs with EXTRA candidates")
     parser.add_argument("--shapes", nargs="*", default=None, help="B,H,N,D,causal(0/1) each (default: SHAPES)")
     parser.add_argument("--rounds", type=int, default=3)

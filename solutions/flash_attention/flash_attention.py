@@ -24,9 +24,10 @@ Tricks, as in Triton's fused-attention tutorial: exponentials are exp2 with scal
 into one multiply; causal attention skips the key tiles above the diagonal and splits the rest into
 unmasked tiles and the few diagonal tiles that need the mask; tiles move through host-side tensor
 descriptors over (batch, rows, D) (TMA on Hopper), so rows past Nq or Nk read as zeros and stores
-past them are dropped; causal grids run the longest tiles first. Tile sizes,
-warps and pipeline stages are autotuned on the GPU for big calls (small ones take the first candidate
-untuned); the Triton interpreter (no autotuner there) runs one small fixed configuration.
+past them are dropped; causal grids run the longest tiles first (in the forward, across groups of
+8 heads). Tile sizes, warps and pipeline stages are autotuned on the GPU for big calls, per head dim,
+mask, length bucket and element size (small calls take the first candidate untuned); the Triton
+interpreter (no autotuner there) runs one small fixed configuration.
 """
 
 from __future__ import annotations
@@ -98,17 +99,28 @@ def _attn_fwd_inner(
     return acc, l_i, m_i
 
 
-@triton.jit(do_not_specialize=["Nq", "Nk"])  # one compile for every length
+@triton.jit(do_not_specialize=["Nq", "Nk", "NB"])  # one compile for every length
 def _attn_fwd(
     q_desc, k_desc, v_desc, o_desc, lse_ptr,
-    Nq, Nk, qk_scale, SEQ_BUCKET,  # SEQ_BUCKET: autotuning key only
+    Nq, Nk, NB, qk_scale, SEQ_BUCKET, ELEM_SIZE,  # NB: batch · heads; the last two: autotuning key only
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+    GROUP: tl.constexpr = 8,
 ):
-    pid_m = tl.program_id(0)
-    if CAUSAL:  # query tile i visits i + 1 key tiles: launch the longest first
-        pid_m = tl.num_programs(0) - 1 - pid_m
-    off_b = tl.program_id(1)
-    start_m = pid_m * BLOCK_M
+    if CAUSAL:
+        # Query tile i visits i + 1 key tiles: launch the longest first, and not just within each head
+        # (then the last wave is the short tiles of the last head, and SMs idle) but across GROUP heads
+        # at a time — across all heads, too many heads' K and V would be live at once for L2. A 1-D
+        # grid of NB · n_tiles programs: group g runs its heads' last tiles, then their second-to-last...
+        pid = tl.program_id(0)
+        n_tiles = tl.cdiv(Nq, BLOCK_M)
+        first_b = (pid // (GROUP * n_tiles)) * GROUP
+        group_size = tl.minimum(NB - first_b, GROUP)  # the last group may be smaller
+        r = pid - first_b * n_tiles
+        off_b = first_b + r % group_size
+        start_m = (n_tiles - 1 - r // group_size) * BLOCK_M
+    else:
+        start_m = tl.program_id(0) * BLOCK_M
+        off_b = tl.program_id(1)
     offs_m = start_m + tl.arange(0, BLOCK_M)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of the base-2 scores
     l_i = tl.zeros([BLOCK_M], tl.float32)  # running sum of 2^(score - m_i)
@@ -188,7 +200,7 @@ def _attn_bwd_dkdv_inner(
 @triton.jit(do_not_specialize=["Nq", "Nk"])  # one compile for every length
 def _attn_bwd_dkdv(
     q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr,
-    Nq, Nk, scale, qk_scale, SEQ_BUCKET,
+    Nq, Nk, scale, qk_scale, SEQ_BUCKET, ELEM_SIZE,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
 ):
     """One program per BLOCK_N keys: K, V and the dK, dV accumulators stay on chip while Q, dO,
@@ -249,7 +261,7 @@ def _attn_bwd_dq_inner(
 @triton.jit(do_not_specialize=["Nq", "Nk"])  # one compile for every length
 def _attn_bwd_dq(
     q_desc, k_desc, v_desc, do_desc, dq_desc, lse_ptr, delta_ptr,
-    Nq, Nk, scale, qk_scale, SEQ_BUCKET,
+    Nq, Nk, scale, qk_scale, SEQ_BUCKET, ELEM_SIZE,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
 ):
     """One program per BLOCK_M queries: Q, dO, lse, Δ and dQ stay on chip while K and V stream past."""
@@ -354,7 +366,7 @@ def _quick_bench(fn, quantiles):
 
 
 def _tuned(kernel, table: dict, tiles: dict[str, str]):
-    return triton.autotune(_configs(table, tiles), key=["HEAD_DIM", "CAUSAL", "SEQ_BUCKET"],
+    return triton.autotune(_configs(table, tiles), key=["HEAD_DIM", "CAUSAL", "SEQ_BUCKET", "ELEM_SIZE"],
                            prune_configs_by={"early_config_prune": _pruner(table)}, do_bench=_quick_bench)(kernel)
 
 
@@ -480,12 +492,16 @@ def flash_attention_forward(
     o3 = o.view(batch, n_q, d)
     if batch == 0:  # a zero-sized leading dim: nothing to launch
         return o, lse
+
+    def grid(block_m: int, block_n: int) -> tuple[int, ...]:  # causal: grouped longest-first, see _attn_fwd
+        n_tiles = triton.cdiv(n_q, block_m)
+        return (batch * n_tiles,) if is_causal else (n_tiles, batch)
+
     _launch(
-        _attn_fwd, _attn_fwd_tuned, _FWD, _TILES["fwd"], lambda bm, bn: (triton.cdiv(n_q, bm), batch),
-        _INTERPRET["fwd"], batch * n_q * n_k * d,
+        _attn_fwd, _attn_fwd_tuned, _FWD, _TILES["fwd"], grid, _INTERPRET["fwd"], batch * n_q * n_k * d,
         {"q_desc": q3, "k_desc": k3, "v_desc": v3, "o_desc": o3},
-        lse_ptr=lse, Nq=n_q, Nk=n_k, qk_scale=scale * LOG2E, SEQ_BUCKET=_seq_bucket(max(n_q, n_k)),
-        HEAD_DIM=d, CAUSAL=bool(is_causal),
+        lse_ptr=lse, Nq=n_q, Nk=n_k, NB=batch, qk_scale=scale * LOG2E, SEQ_BUCKET=_seq_bucket(max(n_q, n_k)),
+        ELEM_SIZE=q.element_size(), HEAD_DIM=d, CAUSAL=bool(is_causal),
     )
     return o, lse
 
@@ -529,7 +545,7 @@ def flash_attention_backward(
     bucket = _seq_bucket(max(n_q, n_k))
     work = batch * n_q * n_k * d
     shared = dict(lse_ptr=lse2, delta_ptr=delta, Nq=n_q, Nk=n_k, scale=scale, qk_scale=scale * LOG2E,
-                  SEQ_BUCKET=bucket, HEAD_DIM=d, CAUSAL=bool(is_causal))
+                  SEQ_BUCKET=bucket, ELEM_SIZE=q.element_size(), HEAD_DIM=d, CAUSAL=bool(is_causal))
 
     def dkdv_pass() -> None:
         _launch(_attn_bwd_dkdv, _attn_bwd_dkdv_tuned, _DKDV, _TILES["dkdv"],
