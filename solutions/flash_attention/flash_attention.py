@@ -102,7 +102,7 @@ def _attn_fwd_inner(
 @triton.jit(do_not_specialize=["Nq", "Nk", "NB"])  # one compile for every length
 def _attn_fwd(
     q_desc, k_desc, v_desc, o_desc, lse_ptr,
-    Nq, Nk, NB, qk_scale, SEQ_BUCKET, ELEM_SIZE,  # NB: batch · heads; the last two: autotuning key only
+    Nq, Nk, NB, qk_scale, SEQ_BUCKET, ELEM_SIZE,  # NB = batch · heads; SEQ_BUCKET, ELEM_SIZE: autotuning key only
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
     GROUP: tl.constexpr = 8,
 ):
