@@ -8,25 +8,23 @@ to be autotuned (``AUTOTUNE_MIN_WORK``).
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from grader import exercises, loader
+
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="needs a CUDA GPU: the Triton autotuner runs only there, not in the interpreter")
 
-SOLUTION = Path(__file__).resolve().parent.parent / "solutions" / "flash_attention" / "flash_attention.py"
+SOLUTIONS = Path(__file__).resolve().parent.parent / "solutions"
 
 
 @pytest.fixture(scope="module")
 def fa():
-    spec = importlib.util.spec_from_file_location("_fa_solution_gpu", SOLUTION)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return loader.load(SOLUTIONS, exercises.get("flash_attention"))
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])

@@ -74,7 +74,7 @@ EDITS: dict[str, list[tuple[str, str]]] = {
         ('''        dp = tl.dot(do, v.T)  # dP = dO Vᵀ
         ds = p''', '''        ds = p'''),
     ],
-    # Causal backward: both kernels longest-first within groups of GROUP heads (as the forward).
+    # Causal backward: both kernels longest-first within groups of GROUP heads (as the forward, _grouped_order).
     "grouped_lpt_bwd": [
         ('''q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr,
     Nq, Nk, scale, qk_scale, SEQ_BUCKET, ELEM_SIZE,
@@ -86,15 +86,9 @@ EDITS: dict[str, list[tuple[str, str]]] = {
 ):'''),
         ('''    start_n = tl.program_id(0) * BLOCK_N
     off_b = tl.program_id(1)
-''', '''    if CAUSAL:  # key tile 0 sees every query: tile order is already longest first
-        pid = tl.program_id(0)
-        n_tiles = tl.cdiv(Nk, BLOCK_N)
-        group = pid // (GROUP * n_tiles)
-        first_b = group * GROUP
-        size = tl.minimum(NB - first_b, GROUP)
-        r = pid - group * GROUP * n_tiles
-        off_b = first_b + r % size
-        start_n = (r // size) * BLOCK_N
+''', '''    if CAUSAL:  # key tile 0 sees every query: the longest first is tile 0 first
+        off_b, rank = _grouped_order(tl.program_id(0), NB, tl.cdiv(Nk, BLOCK_N), GROUP)
+        start_n = rank * BLOCK_N
     else:
         start_n = tl.program_id(0) * BLOCK_N
         off_b = tl.program_id(1)
@@ -113,14 +107,9 @@ EDITS: dict[str, list[tuple[str, str]]] = {
     start_m = pid_m * BLOCK_M
     off_b = tl.program_id(1)
 ''', '''    if CAUSAL:
-        pid = tl.program_id(0)
         n_tiles = tl.cdiv(Nq, BLOCK_M)
-        group = pid // (GROUP * n_tiles)
-        first_b = group * GROUP
-        size = tl.minimum(NB - first_b, GROUP)
-        r = pid - group * GROUP * n_tiles
-        off_b = first_b + r % size
-        start_m = (n_tiles - 1 - r // size) * BLOCK_M
+        off_b, rank = _grouped_order(tl.program_id(0), NB, n_tiles, GROUP)
+        start_m = (n_tiles - 1 - rank) * BLOCK_M
     else:
         start_m = tl.program_id(0) * BLOCK_M
         off_b = tl.program_id(1)

@@ -99,6 +99,16 @@ def _attn_fwd_inner(
     return acc, l_i, m_i
 
 
+@triton.jit
+def _grouped_order(pid, NB, n_tiles, GROUP: tl.constexpr):
+    """Program ``pid`` of a 1-D grid of NB · n_tiles → (batch row, rank of its tile), ranks counted from
+    the longest tile: group g of GROUP rows runs rank 0 of each of its rows, then rank 1, ..."""
+    first_b = (pid // (GROUP * n_tiles)) * GROUP
+    group_size = tl.minimum(NB - first_b, GROUP)  # the last group may be smaller
+    r = pid - first_b * n_tiles
+    return first_b + r % group_size, r // group_size
+
+
 @triton.jit(do_not_specialize=["Nq", "Nk", "NB"])  # one compile for every length
 def _attn_fwd(
     q_desc, k_desc, v_desc, o_desc, lse_ptr,
@@ -111,13 +121,9 @@ def _attn_fwd(
         # (then the last wave is the short tiles of the last head, and SMs idle) but across GROUP heads
         # at a time — across all heads, too many heads' K and V would be live at once for L2. A 1-D
         # grid of NB · n_tiles programs: group g runs its heads' last tiles, then their second-to-last...
-        pid = tl.program_id(0)
         n_tiles = tl.cdiv(Nq, BLOCK_M)
-        first_b = (pid // (GROUP * n_tiles)) * GROUP
-        group_size = tl.minimum(NB - first_b, GROUP)  # the last group may be smaller
-        r = pid - first_b * n_tiles
-        off_b = first_b + r % group_size
-        start_m = (n_tiles - 1 - r // group_size) * BLOCK_M
+        off_b, rank = _grouped_order(tl.program_id(0), NB, n_tiles, GROUP)
+        start_m = (n_tiles - 1 - rank) * BLOCK_M
     else:
         start_m = tl.program_id(0) * BLOCK_M
         off_b = tl.program_id(1)
