@@ -136,6 +136,23 @@ EDITS: dict[str, list[tuple[str, str]]] = {
     dkdv_pass()
 """),
     ],
+    # dK/dV: keep Pᵀ only in the input dtype (for dV) and compute dSᵀ from it, so the fp32 Pᵀ need not
+    # stay live across dPᵀ = V dOᵀ (register pressure: the 32×128 4-warp kernel uses 255 registers).
+    "dkdv_p_lowp": [
+        ("""        dv = tl.dot(pT.to(do.dtype), do, dv)  # dV += Pᵀ dO""",
+         """        pT = pT.to(do.dtype)
+        dv = tl.dot(pT, do, dv)  # dV += Pᵀ dO"""),
+        ("""        dsT = pT * (dpT - delta[None, :])""",
+         """        dsT = pT.to(tl.float32) * (dpT - delta[None, :])"""),
+    ],
+    # Timing only (the gradients are then wrong, and the check says so): one backward kernel alone.
+    "no_dq": [("""    with torch.cuda.stream(side):
+        dq_pass()
+""", "")],
+    "no_dkdv": [("""    dkdv_pass()
+    with torch.cuda.stream(side):
+""", """    with torch.cuda.stream(side):
+""")],
     # dK/dV candidates at D <= 64 without 64×64 tiles (they win the causal tuning alone, not side by side).
     "dkdv_no_64x64": [
         ('''    64: [(32, 128, 4, 3), (32, 64, 4, 3), (64, 64, 4, 3), (32, 128, 4, 5)],''',
@@ -187,6 +204,33 @@ def add_extra(module) -> None:
     module._attn_bwd_dq_tuned = module._tuned(module._attn_bwd_dq, module._DQ, module._TILES["dq"])
 
 
+def kernel_info(module) -> list[str]:
+    """Registers, spills and shared memory of every compiled kernel of a variant (occupancy clues)."""
+    lines = []
+    for kname in ("_attn_fwd", "_attn_bwd_dkdv", "_attn_bwd_dq"):
+        jit = getattr(module, kname)
+        for entry in list(jit.device_caches.values()):
+            for compiled in list(entry[0].values()):
+                meta = compiled.metadata
+                try:
+                    names = compiled.src.fn.arg_names
+                    consts = {names[k[0]]: v for k, v in compiled.src.constants.items() if len(k) == 1}
+                    tiles = f"{consts.get('BLOCK_M')}x{consts.get('BLOCK_N')} D{consts.get('HEAD_DIM')}"
+                except Exception:  # the layout of ASTSource differs between triton versions
+                    tiles = "?"
+                lines.append(f"{kname} {tiles} w{meta.num_warps} s{meta.num_stages}: regs {compiled.n_regs}, "
+                             f"spills {compiled.n_spills}, shared {meta.shared} B")
+    return lines
+
+
+def autotuner_timings(tuner) -> str:
+    """The autotuner's timing of each candidate in its last tuning, fastest first."""
+    timings = getattr(tuner, "configs_timings", None) or {}
+    ranked = sorted(timings.items(), key=lambda kv: kv[1][0] if isinstance(kv[1], list) else kv[1])
+    return ", ".join(f"{c.kwargs['BLOCK_M']}x{c.kwargs['BLOCK_N']}/w{c.num_warps}/s{c.num_stages}: "
+                     f"{(t[0] if isinstance(t, list) else t):.3f}" for c, t in ranked)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline", help="tree holding flash_attention/flash_attention.py, listed first")
@@ -196,6 +240,8 @@ def main() -> int:
     parser.add_argument("--shapes", nargs="*", default=None, help="B,H,N,D,causal(0/1) each (default: SHAPES)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rep", type=int, default=100, help="do_bench rep (ms) per measurement")
+    parser.add_argument("--retune", type=int, default=0, help="autotune the first variant again N times")
+    parser.add_argument("--kernel-info", action="store_true", help="print registers, spills, shared memory")
     args = parser.parse_args()
     t0 = time.time()
     current = SOLUTION.read_text()
@@ -234,12 +280,8 @@ def main() -> int:
                     ms[name][mode].append(t)
         row = {"shape": [b, h, n, d, causal], "ms": ms, "extra_timings": {}}
         for kname in ("_attn_fwd_tuned", "_attn_bwd_dkdv_tuned", "_attn_bwd_dq_tuned") if args.extra_on else ():
-            timings = getattr(getattr(variants["extra"], kname), "configs_timings", None) or {}
-            ranked = sorted(timings.items(), key=lambda kv: kv[1][0] if isinstance(kv[1], list) else kv[1])
-            text = [f"{c.kwargs['BLOCK_M']}x{c.kwargs['BLOCK_N']}/w{c.num_warps}/s{c.num_stages}: "
-                    f"{(t[0] if isinstance(t, list) else t):.3f}" for c, t in ranked]
-            row["extra_timings"][kname] = text
-            print(f"  extra {kname} last tuning (ms): " + ", ".join(text), flush=True)
+            row["extra_timings"][kname] = autotuner_timings(getattr(variants["extra"], kname))
+            print(f"  extra {kname} last tuning (ms): {row['extra_timings'][kname]}", flush=True)
         row["autotune"] = {name: autotune_choices(fa) for name, fa in variants.items()}
         results["rows"].append(row)
         label = f"b{b}h{h} N={n} D={d} {'causal' if causal else 'full'}"
@@ -253,6 +295,22 @@ def main() -> int:
             print(f"{label:28} {mode:7} " + " | ".join(cells), flush=True)
         torch.cuda.empty_cache()
         print(f"  [{time.time() - t0:.0f} s]", flush=True)
+    fa = variants[first]
+    tuners = {k: getattr(fa, k) for k in ("_attn_fwd_tuned", "_attn_bwd_dkdv_tuned", "_attn_bwd_dq_tuned")}
+    for i in range(args.retune + 1 if args.retune else 0):
+        # Is the autotuner's pick stable? Its last tuning (i = 0: the first, made during the check of the last
+        # shape), then forget the first variant's picks and tune again on the last shape.
+        if i:
+            for tuner in tuners.values():
+                tuner.cache.clear()
+            torch.autograd.grad(fa.flash_attention(q, k, v, causal), inputs, do)
+            torch.cuda.synchronize()
+        for kname, tuner in tuners.items():
+            print(f"  retune {i} {kname} (ms): {autotuner_timings(tuner)}", flush=True)
+    if args.kernel_info:
+        results["kernel_info"] = {name: kernel_info(fa) for name, fa in variants.items()}
+        for name, lines in results["kernel_info"].items():
+            print(f"  kernels of {name}:\n    " + "\n    ".join(lines), flush=True)
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "fa_variants.json").write_text(json.dumps(results, indent=1))
     return 0
