@@ -145,6 +145,16 @@ EDITS: dict[str, list[tuple[str, str]]] = {
         ("""        dsT = pT * (dpT - delta[None, :])""",
          """        dsT = pT.to(tl.float32) * (dpT - delta[None, :])"""),
     ],
+    # Warp specialization (triton's Hopper autoWS) of the forward's key loop, and of the dK/dV query loop.
+    "ws_fwd": [("""    for start_n in tl.range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        k = k_desc.load([off_b, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
+        qk = tl.dot(q, k.T)""", """    for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=True):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        k = k_desc.load([off_b, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
+        qk = tl.dot(q, k.T)""")],
+    "ws_dkdv": [("""    for start_m in tl.range(lo, hi, BLOCK_M):""",
+                 """    for start_m in tl.range(lo, hi, BLOCK_M, warp_specialize=True):""")],
     # Timing only (the gradients are then wrong, and the check says so): one backward kernel alone.
     "no_dq": [("""    with torch.cuda.stream(side):
         dq_pass()
