@@ -215,7 +215,7 @@ def main() -> int:
     parser.add_argument("--rep", type=int, default=60, help="do_bench rep (ms) for the table")
     parser.add_argument("--board-rounds", type=int, default=5,
                         help="leaderboard: interleaved rounds of do_bench (rep 200 ms) per provider; the median "
-                             "is reported (the lent H100s run ~10%% slower for ~0.4 s of every ~1.1 s)")
+                             "is reported (the lent H100s run ~12-18%% slower for ~0.4 s of every ~1.1 s)")
     parser.add_argument("--leaderboard-only", action="store_true", help="skip the correctness checks and the table")
     args = parser.parse_args()
     if not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
