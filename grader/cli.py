@@ -1,7 +1,7 @@
 """The ``grader`` command: a thin shell over keyword-only functions.
 
 Each subcommand lives in its own module, which provides ``add_arguments(parser)`` and
-``run(args) -> int``; this file only lists them.
+``run(args) -> int``; this file only lists them (and ``grader list``, which is one table).
 """
 
 from __future__ import annotations
@@ -12,25 +12,44 @@ import sys
 
 # command -> (module, help)
 COMMANDS = {
-    "list": ("grader.cli", "list the exercises and their parts"),
+    "list": ("grader.cli", "list the exercises, their parts and their points"),
     "grade": ("grader.grading.grade", "grade student submissions (directories, .zip or .ipynb)"),
     "verify": ("grader.grading.verify", "grade solutions/ and fail unless every exercise earns full marks"),
     "release": ("grader.grading.release", "write the student release (no solutions, no hidden material)"),
-    "calibrate": ("grader.calibrate", "measure the reference solutions on this GPU and write its thresholds file"),
-    "bench": ("grader.bench", "benchmark an exercise against its baselines (table, optional plot)"),
+    "calibrate": ("grader.speed.calibrate", "measure the references on this GPU and write its thresholds file"),
+    "bench": ("grader.speed.bench", "benchmark an exercise against its baselines (table, optional plot)"),
 }
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:  # for "list"
-    pass
+    parser.add_argument("--course", default=None, metavar="FILE", help="weigh the points with this course file")
 
 
 def run(args: argparse.Namespace) -> int:  # "list"
     from grader import exercises
 
-    for exercise in exercises.all_exercises():
-        parts = ", ".join(p.name for p in exercise.parts)
-        print(f"{exercise.name:16} {exercise.title} ({parts})")
+    course = None
+    try:
+        from grader.grading import config
+    except ModuleNotFoundError:  # the student release has no instructor grader: declared points only
+        config = None
+    if config is not None:
+        try:
+            course = config.load_course(args.course)
+        except config.CourseError as exc:
+            print(f"grader list: {exc}", file=sys.stderr)
+            return 2
+    all_ex = exercises.all_exercises()
+    unit = f"points of {course.total:g}" if course else "points as declared"
+    for exercise in all_ex:
+        factor = course.factor(exercise, all_ex) if course else 1.0
+        print(f"{exercise.name:16} {exercise.title}: {exercise.max_points * factor:.2f} {unit}")
+        for part in exercise.parts:
+            pieces = [f"correctness {part.points * factor:.2f}"]
+            pieces += [f"{x.name} {x.points * factor:.2f}" for x in part.extra_checks]
+            if part.speed_graded:
+                pieces.append(f"speed {part.speed_points * factor:.2f} (GPU only)")
+            print(f"  {part.name:14} {', '.join(pieces)}")
     return 0
 
 
@@ -51,7 +70,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from grader import runtime
+    from grader.checks import runtime
 
     try:
         runtime.configure()  # before anything imports triton

@@ -6,9 +6,9 @@ Each fixture is an implementation tree ``tests/fixtures/<exercise>/<name>/<exerc
     expect: <part>.<check>: <regex>   this check must fail with a message matching regex
     passes: <part>.<check>            this check must pass (so the fixture fails on the right test)
 
-where <check> is ``correctness`` (the part's examples plus random cases), ``integrity``,
-``bad_input``, or ``<name>`` for an exercise's own check ``check_<name>(module, device) -> Verdict`` in
-its spec module (e.g. ``memory`` for flash_attention).
+where <check> is a kind of check from :mod:`grader.checks.catalog` — ``examples``, ``random``,
+``integrity``, ``bad_input`` or an extra check's name (e.g. ``memory``) — or ``correctness``, which is
+the examples and the random cases together.
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@ killed, output is capped, memory is limited, and the result channel survives (or
 
 from __future__ import annotations
 
+import io
 import os
 import sys
 import time
@@ -106,18 +107,29 @@ def test_channel_round_trip_and_damage(tmp_path):
     channel.write_record(fd, {"type": "result", "id": "a", "outputs": {"y": torch.arange(3.0)}})
     os.close(fd)
     data = path.read_bytes()
-    decoded = channel.read_records(data)
-    assert decoded.problem is None and [r["type"] for r in decoded.records] == ["hello", "result"]
-    assert torch.equal(decoded.records[1]["outputs"]["y"], torch.arange(3.0))
 
-    torn = channel.read_records(data[:-5])
-    assert len(torn.records) == 1 and "torn record" in torn.problem
-    garbage = channel.read_records(data + b"not a record at all")
-    assert len(garbage.records) == 2 and "unexpected bytes" in garbage.problem
+    def read_all(blob: bytes, **kw):
+        stream, records = io.BytesIO(blob), []
+        try:
+            while (record := channel.read_record(stream, **kw)) is not None:
+                records.append(record)
+        except channel.ChannelError as exc:
+            return records, str(exc)
+        return records, None
+
+    records, problem = read_all(data)
+    assert problem is None and [r["type"] for r in records] == ["hello", "result"]
+    assert torch.equal(records[1]["outputs"]["y"], torch.arange(3.0))
+    torn, problem = read_all(data[:-5])
+    assert len(torn) == 1 and "torn record" in problem
+    garbage, problem = read_all(data + b"not a record at all")
+    assert len(garbage) == 2 and "unexpected bytes" in problem
+    big, problem = read_all(data, max_bytes=10)
+    assert big == [] and "larger than" in problem
 
 
 def test_channel_never_unpickles_arbitrary_objects(tmp_path, capfd):
-    """The verdict process loads with weights_only: an object that would run code on load is refused."""
+    """The grader loads with weights_only: an object that would run code on load is refused."""
     marker = tmp_path / "pwned"
 
     class Evil:
@@ -127,14 +139,15 @@ def test_channel_never_unpickles_arbitrary_objects(tmp_path, capfd):
     fd = os.open(tmp_path / "channel", os.O_WRONLY | os.O_CREAT)
     channel.write_record(fd, {"type": "result", "evil": Evil()})  # torch.save pickles os.system by name
     os.close(fd)
-    decoded = channel.read_records((tmp_path / "channel").read_bytes())
-    assert decoded.records == [] and "not valid data" in decoded.problem
+    with pytest.raises(channel.ChannelError, match="not valid data"):
+        channel.read_record(io.BytesIO((tmp_path / "channel").read_bytes()))
     assert not marker.exists()
 
 
 @pytest.mark.parametrize("value", [None, {"y": "not a tensor"}, [1, 2]])
 def test_malformed_execution_records_are_rejected(value):
-    from grader.grading.runner import Malformed, _execution
+    from grader.grading import protocol
 
-    with pytest.raises(Malformed):
-        _execution({"execution": {"outputs": value, "error_kind": None} if value is not None else None})
+    data = {"outputs": value, "error_kind": None} if value is not None else None
+    with pytest.raises(protocol.ProtocolError):
+        protocol.decode({"type": "case_done", "id": "x", "execution": data})

@@ -13,8 +13,8 @@ import nbformat
 import pytest
 
 from grader import exercises
-from grader.grading import reports, runner, scoring, submission
-from grader.grading.runner import Check, ExerciseResult, PartResult
+from grader.grading import config, plan, reports, runner, scoring, submission
+from grader.grading.results import CheckResult, ExerciseResult, PartResult, SpeedResult
 
 ALL = exercises.all_exercises()
 GELU = exercises.get("gelu")
@@ -127,19 +127,49 @@ def test_not_a_submission_is_a_usage_error(tmp_path):
 
 def _result(status="graded", passed=(True, True, True, True), flags=(), integrity_ok=True, speed=None):
     part = PartResult("forward", status)
-    part.correctness = [Check(f"c{i}", "example", f"case {i}", ok, "" if ok else f"wrong on case {i}",
-                              size=10 * (i + 1)) for i, ok in enumerate(passed)]
-    part.integrity = [Check("i0", "integrity", "case", integrity_ok, "" if integrity_ok else "raised")]
+    part.checks = [CheckResult(f"c{i}", "example", f"case {i}", "passed" if ok else "failed",
+                               "" if ok else f"wrong on case {i}", size=10 * (i + 1)) for i, ok in enumerate(passed)]
+    part.checks.append(CheckResult("i0", "integrity", "case", "passed" if integrity_ok else "failed",
+                                   "" if integrity_ok else "raised"))
     part.flags = [dict(f) for f in flags]
-    part.speed = speed or {"status": "not measured", "message": "not measured: no GPU", "fraction": None}
+    part.speed = speed or SpeedResult("not measured", "not measured: no GPU")
     return ExerciseResult("gelu", "Fused GeLU", "graded", parts=[part])
 
 
+def _course(**changes) -> config.Course:
+    course = config.load_course()
+    values = {"name": course.name, "total": course.total, "weights": course.weights, "correctness": course.correctness,
+              "grading": course.grading, "source": course.source}
+    return config.Course(**{**values, **changes})
+
+
 def test_course_file_loads_and_scales_to_the_total():
-    course = scoring.load_course(known=tuple(e.name for e in ALL))
-    assert course.total > 0 and course.correctness in scoring.CORRECTNESS_MODES
-    full = sum(course.scale(ALL) * course.weight(e.name) * scoring.declared_max(e) for e in ALL)
+    course = config.load_course(known=tuple(e.name for e in ALL))
+    assert course.total > 0 and course.correctness in config.CORRECTNESS_MODES
+    full = sum(course.factor(e, ALL) * e.max_points for e in ALL)
     assert full == pytest.approx(course.total)
+
+
+def test_every_default_is_in_the_course_file():
+    course = config.load_course()
+    for key in config.PER_DEVICE:
+        for device in config.DEVICES:
+            assert course.setting(key, device) > 0 or key == "random_cases"
+    settings = config.resolve(config.GradeOptions(), course, device="cpu", secret="s", workdir=Path("/w"))
+    assert settings.random_cases == course.setting("random_cases", "cpu")
+    assert settings.timeout_s == course.setting("timeout_s", "cpu")
+    override = config.resolve(config.GradeOptions(random_cases=0, timeout_s=7.0), course, device="cuda", secret="s",
+                              workdir=Path("/w"))
+    assert (override.random_cases, override.timeout_s, override.call_timeout_s) == (0, 7.0, 7.0)
+
+
+def test_an_instructors_course_file_is_laid_over_the_defaults(tmp_path):
+    path = tmp_path / "course.toml"
+    path.write_text("[weights]\ngelu = 2.0\n[grading]\nrandom_cases_cuda = 7\n")
+    course = config.load_course(path)
+    assert course.weight("gelu") == 2.0 and course.weight("softmax") == 1.0
+    assert course.setting("random_cases", "cuda") == 7 and course.setting("random_cases", "cpu") == 5
+    assert course.fingerprint() != config.load_course().fingerprint()
 
 
 @pytest.mark.parametrize("text, message", [
@@ -147,21 +177,24 @@ def test_course_file_loads_and_scales_to_the_total():
     ("[grading]\ncorrectness = 'most'\n", "correctness must be one of"),
     ("[weights]\ngelu = -1\n", "must not be negative"),
     ("[course\n", "is not valid TOML"),
+    ("[grading]\nrandom_case = 3\n", "unknown key\\(s\\) random_case"),
+    ("[grading]\ntimeout_s_cuda = -5\n", "timeout_s must be positive"),
+    ("[gradnig]\n", "unknown table"),
 ])
 def test_bad_course_files_are_explained(tmp_path, text, message):
     path = tmp_path / "course.toml"
     path.write_text(text)
-    with pytest.raises(scoring.CourseError, match=message):
-        scoring.load_course(path)
+    with pytest.raises(config.CourseError, match=message):
+        config.load_course(path)
 
 
 def test_correctness_is_a_fraction_or_all_or_nothing(tmp_path):
     result = _result(passed=(True, True, True, False))
-    fraction = scoring.score_exercise(GELU, result, scoring.Course(total=100.0), (GELU,))
+    fraction = scoring.score_exercise(GELU, result, _course(total=100.0), (GELU,))
     (line, *_) = fraction.lines
     assert line.score == pytest.approx(0.75 * line.max_score) and not line.passed
     assert "3 of 4 checks passed" in line.output and "wrong on case 3" in line.output
-    strict = scoring.score_exercise(GELU, result, scoring.Course(total=100.0, correctness="all-or-nothing"), (GELU,))
+    strict = scoring.score_exercise(GELU, result, _course(total=100.0, correctness="all-or-nothing"), (GELU,))
     assert strict.lines[0].score == 0
 
 
@@ -171,34 +204,39 @@ def test_smallest_failing_case_is_reported_first():
 
 
 def test_an_integrity_flag_zeroes_the_whole_part():
-    speed = {"status": "measured", "fraction": 1.0, "message": "fast", "rows": []}
+    speed = SpeedResult("measured", "fast", 1.0)
     flagged = _result(flags=[{"rule": "no-torch-compute", "message": "gelu called aten.gelu"}], speed=speed)
-    score = scoring.score_exercise(GELU, flagged, scoring.Course(total=100.0), (GELU,))
+    score = scoring.score_exercise(GELU, flagged, _course(total=100.0), (GELU,))
     assert score.score == 0
     assert any("[no-torch-compute] gelu called aten.gelu" in line.output for line in score.lines)
-    clean = scoring.score_exercise(GELU, _result(speed=speed), scoring.Course(total=100.0), (GELU,))
+    clean = scoring.score_exercise(GELU, _result(speed=speed), _course(total=100.0), (GELU,))
     assert clean.score == pytest.approx(clean.max_score) and clean.score == pytest.approx(100.0)
 
 
 def test_speed_is_worth_nothing_where_it_was_not_measured():
     part = GELU.parts[0]
-    score = scoring.score_exercise(GELU, _result(), scoring.Course(total=100.0), (GELU,))
-    assert [ln.component for ln in score.lines] == ["correctness", "integrity"]
+    score = scoring.score_exercise(GELU, _result(), _course(total=100.0), (GELU,))
+    assert [ln.component for ln in score.lines] == ["correctness"]  # no 0/0 lines
     if part.speed_points:
-        assert score.max_score == pytest.approx(100.0 * part.points / scoring.declared_max(GELU))
-    half = _result(speed={"status": "measured", "fraction": 0.5, "message": "half", "rows": []})
-    scored = scoring.score_exercise(GELU, half, scoring.Course(total=100.0), (GELU,))
+        assert score.max_score == pytest.approx(100.0 * part.points / GELU.max_points)
+    half = _result(speed=SpeedResult("measured", "half", 0.5))
+    scored = scoring.score_exercise(GELU, half, _course(total=100.0), (GELU,))
     if part.speed_points:
         speed_line = scored.lines[-1]
         assert speed_line.component == "speed" and speed_line.score == pytest.approx(speed_line.max_score / 2)
 
 
 def test_not_submitted_scores_zero_with_the_reason(tmp_path):
-    settings = runner.Settings(device="cpu", secret="s", n_random=0, timeout_s=5, memory_mb=None, workdir=tmp_path)
-    result = runner.grade_exercise(GELU, tmp_path / "empty", settings, tmp_path / "scratch")
+    settings = _settings(tmp_path)
+    result = runner.grade_exercise(GELU, tmp_path / "empty", settings=settings, scratch=tmp_path / "scratch")
     assert result.status == "not submitted" and "not submitted: no gelu/gelu.py" in result.message
-    score = scoring.score_exercise(GELU, result, scoring.Course(), (GELU,))
+    score = scoring.score_exercise(GELU, result, _course(), (GELU,))
     assert score.score == 0 and score.max_score > 0
+
+
+def _settings(tmp_path, **changes) -> config.RunSettings:
+    return config.resolve(config.GradeOptions(random_cases=0, timeout_s=5, **changes), config.load_course(),
+                          device="cpu", secret="s", workdir=tmp_path)
 
 
 # ------------------------------------------------------------------------------------------ reports
@@ -212,13 +250,13 @@ ROWS = [
 
 
 def _report(tmp_path) -> reports.StudentReport:
-    speed = {"status": "measured", "fraction": 0.8, "message": "speed: 80% <b>not html</b>", "rows": ROWS,
-             "roofline": {"copy_gbps": 3000.0, "matmul_tflops": {"float16": 700.0}}}
+    speed = SpeedResult("measured", "speed: 80% <b>not html</b>", 0.8, ROWS,
+                        roofline={"copy_gbps": 3000.0, "matmul_tflops": {"float16": 700.0}})
     result = _result(passed=(True, False), flags=[{"rule": "fresh-inputs", "message": "replayed <script>"}],
                      speed=speed)
     missing = ExerciseResult("softmax", "Fused softmax", "not submitted", "not submitted: no softmax/softmax.py",
                              parts=[PartResult("forward", "not submitted", "not submitted: no softmax/softmax.py")])
-    course = scoring.Course(total=20.0)
+    course = _course(total=20.0)
     pairs = [(scoring.score_exercise(e, r, course, ALL[:2]), r) for e, r in ((GELU, result), (ALL[1], missing))]
     return reports.StudentReport("zoe", "/subs/zoe.zip", "zip", ["a problem"], "CUDA on a test GPU", pairs, 12.0)
 
@@ -226,10 +264,10 @@ def _report(tmp_path) -> reports.StudentReport:
 def test_markdown_gradescope_and_csv(tmp_path):
     report = _report(tmp_path)
     reports.write_student(tmp_path, report)
-    md = (tmp_path / "zoe" / "report.md").read_text()
+    md = (tmp_path / "students" / "zoe" / "report.md").read_text()
     assert "# Grade report: zoe" in md and "not submitted: no softmax/softmax.py" in md
     assert "Integrity flag `fresh-inputs`" in md and "| 4096x4096 fp16 |" in md
-    data = json.loads((tmp_path / "zoe" / "results.json").read_text())
+    data = json.loads((tmp_path / "students" / "zoe" / "results.json").read_text())
     assert data["score"] == pytest.approx(report.score) and data["tests"]
     assert {t["status"] for t in data["tests"]} <= {"passed", "failed"}
     gradebook = reports.gradebook_csv([report], ["gelu", "softmax"])
@@ -260,7 +298,7 @@ def _chromium() -> str | None:
 def test_html_report_renders_in_headless_chromium(tmp_path):
     report = _report(tmp_path)
     reports.write_student(tmp_path, report)
-    page = tmp_path / "zoe" / "report.html"
+    page = tmp_path / "students" / "zoe" / "report.html"
     command = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                f"--user-data-dir={tmp_path / 'profile'}"]
     dom = subprocess.run([*command, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
@@ -280,38 +318,8 @@ def test_html_report_renders_in_headless_chromium(tmp_path):
 # ------------------------------------------------------------------------------------ speed (glue)
 
 
-def part_inputs(case):
-    return GELU.parts[0].make_inputs(case)
-
-
-def _speed_record(outputs):
-    part = GELU.parts[0]
-    case = part.examples[2].with_seed(7)  # a small case stands in for the benchmark the speed engine re-checks
-    return part, case, {"status": "ok", "measurement": {
-        "gpu": "Test GPU", "device": "cpu", "roofline": {}, "benchmarks": [],
-        "recheck": [{"case": case.to_dict(), "outputs": outputs(case), "output_devices": {"y": "cpu"},
-                     "error_kind": None, "error": None}],
-    }}
-
-
-@pytest.mark.skipif(not GELU.parts[0].benchmarks, reason="gelu has no benchmarks")
-def test_wrong_outputs_after_timing_are_flagged_in_the_verdict_process(tmp_path):
-    settings = runner.Settings(device="cpu", secret="s", n_random=0, timeout_s=5, memory_mb=None, workdir=tmp_path)
-    part, _, record = _speed_record(lambda case: {"y": GELU.parts[0].reference(part_inputs(case))["y"].float()})
-    flags: dict = {}
-    speed = runner._judge_speed(part, record, None, settings, flags)
-    assert flags == {} and speed["status"] == "measured" and speed["fraction"] == 0.0  # nothing was timed
-
-    _, _, replayed = _speed_record(lambda case: {"y": GELU.parts[0].reference(part_inputs(case))["y"].float() + 1})
-    runner._judge_speed(part, replayed, None, settings, flags)
-    assert "speed-recheck" in flags and "computed on every call" in flags["speed-recheck"]["message"]
-    score = scoring.score_exercise(GELU, _result(flags=list(flags.values())), scoring.Course(), (GELU,))
-    assert score.score == 0
-
-
-def test_speed_not_measured_on_cpu_is_said_once(tmp_path):
-    settings = runner.Settings(device="cpu", secret="s", n_random=0, timeout_s=5, memory_mb=None, workdir=tmp_path)
-    assert not any(it["kind"] == "speed" for it in runner.plan(GELU, settings))
-    record = {"status": "ok", "measurement": {"skipped": "no GPU"}}
-    speed = runner._judge_speed(GELU.parts[0], record, None, settings, {})
-    assert speed["fraction"] is None and "not measured" in speed["message"]
+def test_speed_is_not_planned_on_cpu():
+    assert not any(it.role == "speed" for it in plan.plan(GELU, device="cpu", secret="s", random_cases=0,
+                                                          speed_budget_s=1.0))
+    assert any(it.role == "speed" for it in plan.plan(GELU, device="cuda", secret="s", random_cases=0,
+                                                      speed_budget_s=1.0))

@@ -1,16 +1,18 @@
-"""Every known-wrong fixture fails the check it declares, with a message naming what is wrong, and
-passes the checks it declares it passes (it fails on the right test)."""
+"""Every known-wrong fixture fails the check it declares, with a message naming what is wrong, and passes
+the checks it declares it passes (it fails on the right test). Together the fixtures show every kind of
+check of every part failing (speed excepted: it needs a GPU, see tests/test_gpu.py)."""
 
 from __future__ import annotations
 
-import importlib
 import re
 from functools import cache
 
 import pytest
 
-from grader import cases, check, exercises, loader
-from grader.runtime import configure
+from grader import exercises
+from grader.checks import cases as cases_mod
+from grader.checks import catalog, execute, loader, verdicts
+from grader.checks.runtime import configure
 
 from .known_wrong import KnownWrong, discover
 
@@ -18,35 +20,39 @@ FIXTURES = discover()
 N_RANDOM = 12  # random cases on top of the examples
 
 
-def _verdicts(fixture: KnownWrong, part_name: str, what: str) -> list[check.Verdict]:
+@cache
+def _verdicts(fixture: KnownWrong, part_name: str, what: str) -> dict[str, list[verdicts.Verdict]]:
+    """The fixture's verdicts for one check, by catalog kind (``correctness`` gives examples and random)."""
     exercise = exercises.get(fixture.exercise)
     part = exercise.part(part_name)
     device = configure().device
     try:
         module = loader.load(fixture.root, exercise, part.functions)
     except loader.LoadError as exc:  # the load itself is the check that fires
-        return [check.Verdict(False, str(exc))]
+        return {what: [verdicts.Verdict(False, str(exc))]}
     student_dir = str(loader.module_path(fixture.root, exercise).parent)
-    if what == "correctness":
-        return [
-            check.run_case(exercise, part, module, case, device)
-            for case in cases.all_cases(part, device, N_RANDOM, seed=0)
-        ]
+    found: dict[str, list[verdicts.Verdict]] = {}
+    if what in ("correctness", "examples"):
+        found["examples"] = [verdicts.run_case(part, module, case, device)
+                             for case in part.examples if part.skip(case, device) is None]
+    if what in ("correctness", "random"):
+        found["random"] = [verdicts.run_case(part, module, case, device)
+                           for case in cases_mod.draw(part, device, N_RANDOM, seed=0)]
     if what == "integrity":
-        integrity_cases = [c for c in (part.integrity_cases or part.examples[:1]) if not part.skip(c, device)]
-        return [
-            check.judge_integrity(part, c, check.execute(part, module, c, device), student_dir=student_dir)
-            for c in integrity_cases
-        ]
+        found[what] = [verdicts.run_integrity(part, module, case, device, student_dir=student_dir)
+                       for case in part.integrity_examples if part.skip(case, device) is None]
     if what == "bad_input":
-        return [check.check_bad_input(module, bad, device) for bad in part.bad_inputs]
-    extra = getattr(importlib.import_module(f"grader.exercises.{fixture.exercise}"), f"check_{what}", None)
-    if callable(extra):  # an exercise's own check, e.g. flash_attention's check_memory(module, device)
-        return [extra(module, device)]
-    raise ValueError(f"{fixture.id}: unknown check {what!r}")
+        found[what] = [verdicts.run_bad_input(module, bad, device) for bad in part.bad_inputs]
+    extra = next((x for x in part.extra_checks if x.name == what), None)
+    if extra is not None:
+        found[what] = [extra.judge(extra.execute(module, device), device)]
+    if not found:
+        raise ValueError(f"{fixture.id}: unknown check {what!r}")
+    return found
 
 
-_cached_verdicts = cache(_verdicts)
+def _all(found: dict[str, list[verdicts.Verdict]]) -> list[verdicts.Verdict]:
+    return [v for verdict_list in found.values() for v in verdict_list]
 
 
 def test_every_exercise_has_fixtures():
@@ -59,8 +65,8 @@ def test_known_wrong_fails_where_it_should(fixture: KnownWrong):
     assert fixture.expectations, f"{fixture.id} declares no 'expect:' line"
     assert any(e.kind == "expect" for e in fixture.expectations)
     for e in fixture.expectations:
-        verdicts = _cached_verdicts(fixture, e.part, e.check)
-        failures = [v.message for v in verdicts if not v.passed]
+        found = _all(_verdicts(fixture, e.part, e.check))
+        failures = [v.message for v in found if not v.passed]
         if e.kind == "expect":
             assert failures, f"{fixture.id}: {e.part}.{e.check} passed, but the fixture is wrong ({fixture.summary})"
             assert any(re.search(e.pattern, m, re.IGNORECASE | re.DOTALL) for m in failures), (
@@ -68,5 +74,30 @@ def test_known_wrong_fails_where_it_should(fixture: KnownWrong):
                 + "\n---\n".join(failures[:3])
             )
         else:
-            assert verdicts, f"{fixture.id}: {e.part}.{e.check} ran no case"
+            assert found, f"{fixture.id}: {e.part}.{e.check} ran no case"
             assert not failures, f"{fixture.id}: {e.part}.{e.check} should pass:\n" + "\n---\n".join(failures[:3])
+
+
+@pytest.mark.parametrize("exercise", exercises.all_exercises(), ids=lambda e: e.name)
+def test_every_check_is_shown_to_fail_on_a_known_wrong_fixture(exercise):
+    """Each kind of check of each part fails on at least one fixture: no check that cannot fail."""
+    failing: set[tuple[str, str]] = set()
+    for fixture in (f for f in FIXTURES if f.exercise == exercise.name):
+        for e in fixture.expectations:
+            if e.kind != "expect":
+                continue
+            for kind, found in _verdicts(fixture, e.part, e.check).items():
+                if any(not v.passed for v in found):
+                    failing.add((e.part, kind))
+    wanted = {(p.name, kind) for p in exercise.parts for kind in catalog.kinds(p) if kind != catalog.SPEED}
+    missing = sorted(wanted - failing)
+    assert not missing, f"{exercise.name}: no known-wrong fixture shows these checks failing: " + ", ".join(
+        f"{p}.{k}" for p, k in missing)
+
+
+def test_a_fixture_tree_never_imports_the_grader_helpers():
+    """Fixtures are student code: they must stand on their own (execute is the grader's, not theirs)."""
+    assert execute.__name__ == "grader.checks.execute"
+    for fixture in FIXTURES:
+        text = (loader.module_path(fixture.root, exercises.get(fixture.exercise))).read_text()
+        assert "from grader" not in text and "import grader" not in text, fixture.id

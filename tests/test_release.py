@@ -42,7 +42,8 @@ def test_release_holds_what_students_need(release):
         folder = release / "assignments" / exercise.name
         assert (folder / f"{exercise.module}.py").is_file() and (folder / f"test_{exercise.name}.py").is_file()
         assert (release / "notebooks" / f"{exercise.name}.ipynb").is_file()
-    for rel in ("grader/plugin.py", "grader/check.py", "grader/exercises/gelu.py", "pyproject.toml", "README.md",
+    for rel in ("grader/pytest_plugin/plugin.py", "grader/checks/verdicts.py", "grader/exercises/gelu.py",
+                "pyproject.toml", "README.md",
                 "scripts/bootstrap.sh"):
         assert (release / rel).is_file(), rel
     assert 'testpaths = ["assignments"]' in (release / "pyproject.toml").read_text()
@@ -51,7 +52,7 @@ def test_release_holds_what_students_need(release):
 def test_release_has_no_solutions_tests_or_instructor_grader(release):
     names = {p.relative_to(release).as_posix() for p in release.rglob("*")}
     assert not any(n.startswith(("solutions", "tests", "grader/grading")) for n in names)
-    assert "grader/calibrate.py" not in names
+    assert "grader/speed/calibrate.py" not in names
     solutions = {p.read_bytes() for p in (REPO / "solutions").rglob("*.py")}
     assert not any(p.is_file() and p.read_bytes() in solutions for p in release.rglob("*"))
     assert release_mod.audit(release) == []

@@ -14,7 +14,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from grader import exercises, loader
+from grader import exercises
+from grader.checks import loader
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="needs a CUDA GPU: the Triton autotuner runs only there, not in the interpreter")

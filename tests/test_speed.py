@@ -1,6 +1,6 @@
-"""Speed grading on a CPU: measuring with a fake clock (cached results caught, errors named), scoring
-(ratios, credit, messages, uncalibrated GPUs, the post-timing recheck), the pytest speed tests'
-skip on CPU, the slowed fixtures' correctness, and the bench table and plot."""
+"""Speed grading on a CPU: measuring with a fake clock (cached results caught, errors named), credit
+(ratios, messages, uncalibrated GPUs, the post-timing recheck), the pytest speed tests (skipped on CPU,
+fed the graded samples), the slowed fixtures' correctness, and the bench table and plot."""
 
 from __future__ import annotations
 
@@ -15,11 +15,15 @@ import pytest
 import torch
 from hypothesis import strategies as st
 
-from grader import bench, calibrate, check, exercises, loader, pytest_speed, speed, tensors
-from grader.runtime import configure
-from grader.spec import Benchmark, Case, Part, Tolerances
-from grader.thresholds import Threshold, Thresholds
-from grader.timing import FakeClock, StopRule
+from grader import exercises
+from grader.checks import catalog, loader, tensors, verdicts
+from grader.checks.runtime import configure
+from grader.checks.spec import Benchmark, Case, Exercise, Part, Tolerances
+from grader.pytest_plugin import spec_tests, speed_tests
+from grader.speed import bench, calibrate, credit, measure
+from grader.speed import thresholds as th
+from grader.speed.thresholds import Threshold, Thresholds
+from grader.speed.timing import FakeClock, StopRule
 
 ROOT = Path(__file__).resolve().parent.parent
 SLOW = Path(__file__).parent / "slow_fixtures"
@@ -41,7 +45,7 @@ def _toy_part(clock: FakeClock, *, torch_ms: float = 1.0, flops: bool = False, s
 
         return run
 
-    return Part(
+    part = Part(
         name="forward", functions=("double",), make_inputs=make_inputs,
         call=lambda module, inputs: {"y": module.double(inputs["x"])},
         reference=lambda inputs: {"y": inputs["x"].double() * 2},
@@ -51,6 +55,8 @@ def _toy_part(clock: FakeClock, *, torch_ms: float = 1.0, flops: bool = False, s
         baselines={"torch": baseline(torch_ms), "copy": baseline(0.8), "extra": baseline(5.0)},
         speed_baseline="torch", speed_points=speed_points,
     )
+    Exercise("toy", "toy", "Toy", (part,))  # a part knows its exercise
+    return part
 
 
 def _module(clock: FakeClock, ms: float, compute=lambda x: x * 2):
@@ -62,28 +68,34 @@ def _module(clock: FakeClock, ms: float, compute=lambda x: x * 2):
 
 
 def _measure(part, module, clock, **kw):
-    return speed.measure_benchmark(part, module, part.benchmarks[0], device="cpu", clock=clock,
-                                   rule=StopRule(min_rounds=5), warmup_ms=0, graph_below_ms=None, **kw)
+    return measure.measure_benchmark(part, module, part.benchmarks[0], device="cpu", clock=clock,
+                                     rule=StopRule(min_rounds=5), warmup_ms=0, graph_below_ms=None, **kw)
 
 
 def _calibrated(full=0.85, partial=0.5) -> Thresholds:
     return Thresholds(GPU, {("toy", "forward", "n1024"): Threshold("torch", 0.9, 1.0, full, partial)},
-                      Path("grader/thresholds/h100.toml"))
+                      Path("grader/speed/thresholds/h100.toml"))
 
 
 def _score(part, row, thresholds):
-    return speed.score_benchmark(part, row, exercise="toy", gpu=GPU, roofline=ROOF, thresholds=thresholds)
+    bench = part.benchmarks[0]
+    threshold, source = credit.resolve_threshold(part, bench.label, thresholds)
+    scored = credit.benchmark_credit(row, bench.label, credit.benchmark_work(part, bench), threshold, source, ROOF)
+    return credit.summarize([scored], ROOF, GPU, thresholds, verdicts.Verdict(True))
 
 
 def test_measure_times_the_student_against_the_grading_baselines():
     clock = FakeClock()
     part = _toy_part(clock)
-    row = _measure(part, _module(clock, 0.5), clock)
-    assert row.get("error") is None and row["stop"] == "converged"
-    assert set(row["times"]) == {"student", "torch", "copy"}  # "extra" is for grader bench only
-    assert row["times"]["student"]["median"] == pytest.approx(0.5)
-    assert row["times"]["torch"]["median"] == pytest.approx(1.0)
-    assert row["bytes"] == 8192.0 and row["flops"] is None and row["baseline"] == "torch"
+    samples: list[float] = []
+    row = _measure(part, _module(clock, 0.5), clock, samples=samples)
+    assert row.error is None and row.stop == "converged"
+    assert set(row.times) == {"student", "torch", "copy"}  # "extra" is for grader bench only
+    assert row.median("student") == pytest.approx(0.5) and row.median("torch") == pytest.approx(1.0)
+    assert samples == pytest.approx([0.5] * row.rounds)
+    assert measure.BenchmarkTiming.from_dict(row.to_dict()) == row
+    work = credit.benchmark_work(part, part.benchmarks[0])
+    assert work.bytes == 8192.0 and work.flops is None
     with pytest.raises(ValueError, match="declares no baseline nope"):
         _measure(part, _module(clock, 0.5), clock, baselines=["nope"])
 
@@ -99,7 +111,7 @@ def test_fast_enough_gets_full_credit_with_numbers():
     assert r["pct_roofline"] == pytest.approx(100 * (8192 / 20e9) / 0.5e-3)
     assert r["bound"] == "memory" and r["reference_ms"] == 0.9
     assert "speed: 100% (1 of 1 benchmark at full speed)" in score.message
-    assert "thresholds: grader/thresholds/h100.toml" in score.message
+    assert "thresholds: grader/speed/thresholds/h100.toml" in score.message
 
 
 def test_too_slow_says_measured_required_ratio_bandwidth_and_causes():
@@ -135,7 +147,7 @@ def test_a_cached_result_is_not_timed():
         return cache.setdefault(tuple(x.shape), x * 2)
 
     row = _measure(part, _module(clock, 0, compute=cached), clock)
-    assert "same result for two different inputs" in row["error"]
+    assert "same result for two different inputs" in row.error
     score = _score(part, row, _calibrated())
     assert score.fraction == 0.0 and "cached" in score.message
 
@@ -151,7 +163,7 @@ def test_a_stale_result_in_a_timed_run_is_caught():
         return result if len(previous) <= 2 else previous[-2]
 
     row = _measure(part, _module(clock, 0.1, compute=one_behind), clock)
-    assert "in a timed run differs from its result for the same input" in row["error"]
+    assert "in a timed run differs from its result for the same input" in row.error
 
 
 def test_errors_are_named():
@@ -162,29 +174,29 @@ def test_errors_are_named():
         raise RuntimeError("out of resources")
 
     row = _measure(part, _module(clock, 0.1, compute=boom), clock)
-    assert row["error"].startswith("double raised RuntimeError: out of resources")
+    assert row.error.startswith("double raised RuntimeError: out of resources")
 
     def todo(x):
         raise NotImplementedError("write me")
 
     row = _measure(part, _module(clock, 0.1, compute=todo), clock)
-    assert row["not_implemented"] and "not implemented yet" in row["error"]
+    assert row.not_implemented and "not implemented yet" in row.error
 
     row = _measure(part, _module(clock, 0.1, compute=lambda x: [x]), clock)
-    assert "double returned {y: list}, expected tensors" in row["error"]
+    assert "double returned {y: list}, expected tensors" in row.error
 
 
 def test_uncalibrated_gpu_uses_the_calibrated_gpus_ratios(monkeypatch):
     clock = FakeClock()
     part = _toy_part(clock)
     row = _measure(part, _module(clock, 1.6), clock)
-    monkeypatch.setattr(speed, "_portable", lambda: ({("toy", "forward", "n1024"): Threshold("torch", 1, 1, 0.6, 0.3)},
-                                                      ["h100", "h200"]))
+    monkeypatch.setattr(th, "portable", lambda: ({("toy", "forward", "n1024"): Threshold("torch", 1, 1, 0.6, 0.3)},
+                                                 ["h100", "h200"]))
     score = _score(part, row, None)
     assert not score.calibrated and score.rows[0]["threshold"] == "portable" and score.fraction == 1.0
     assert f"this GPU ({GPU}) is not calibrated" in score.message
     assert "the most lenient ratios of the calibrated GPUs (h100, h200)" in score.message
-    monkeypatch.setattr(speed, "_portable", lambda: ({}, []))
+    monkeypatch.setattr(th, "portable", lambda: ({}, []))
     score = _score(part, row, None)
     assert score.rows[0]["threshold"] == "default" and score.rows[0]["required_full"] == 0.5
     assert "default ratios" in score.message and "grader calibrate" in score.message
@@ -193,62 +205,53 @@ def test_uncalibrated_gpu_uses_the_calibrated_gpus_ratios(monkeypatch):
     assert not score.calibrated and "has no entry for some benchmarks" in score.message
 
 
-def _measurement(part, module, clock, recheck_outputs=None):
-    row = _measure(part, module, clock)
-    case = part.benchmarks[0].case.with_seed(99)
-    entry = speed.recheck(part, module, case, "cpu")
-    if recheck_outputs is not None:
-        entry["outputs"] = recheck_outputs
-    return {"exercise": "toy", "part": "forward", "gpu": GPU, "device": "cpu", "roofline": ROOF,
-            "benchmarks": [row], "recheck": [entry]}
+def _measurement(part, module, clock):
+    return measure.SpeedMeasurement(GPU, [_measure(part, module, clock)])
 
 
-def test_score_part_judges_the_recheck_on_fresh_inputs():
+def test_part_credit_takes_the_recheck_verdict():
     clock = FakeClock()
     part = _toy_part(clock)
-    module = _module(clock, 0.5)
-    good = speed.score_part(part, _measurement(part, module, clock), thresholds=_calibrated())
-    assert good.fraction == 1.0
-    bad = speed.score_part(part, _measurement(part, module, clock, {"y": torch.zeros(1024)}), thresholds=_calibrated())
+    measurement = _measurement(part, _module(clock, 0.5), clock)
+    good = credit.part_credit(part, measurement, recheck=verdicts.Verdict(True), thresholds=_calibrated(),
+                              roofline=ROOF)
+    assert good.fraction == 1.0 and good.calibrated
+    bad = credit.part_credit(part, measurement, recheck=verdicts.Verdict(False, "on fresh inputs, double is wrong"),
+                             thresholds=_calibrated(), roofline=ROOF)
     assert bad.fraction == 0.0 and bad.rows[0]["credit"] == 0.0
-    assert "on fresh inputs after the timed runs, double is wrong" in bad.message
-    judged = _measurement(part, module, clock, {"y": torch.zeros(1024)})
-    judged["recheck_verdict"] = check.Verdict(True).to_dict()  # the caller judged it already
-    assert speed.score_part(part, judged, thresholds=_calibrated()).fraction == 1.0
-    judged.pop("recheck_verdict")
-    judged.pop("recheck")  # the grader takes the entries out and judges them itself
-    assert speed.score_part(part, judged, thresholds=_calibrated()).fraction == 1.0
+    assert "speed: no credit — on fresh inputs, double is wrong" in bad.message
 
 
-def test_score_part_counts_unmeasured_benchmarks_as_zero():
+def test_part_credit_counts_unmeasured_benchmarks_as_zero():
     clock = FakeClock()
     part = _toy_part(clock)
-    score = speed.score_part(part, {"exercise": "toy", "gpu": GPU, "benchmarks": []}, thresholds=_calibrated())
+    score = credit.part_credit(part, measure.SpeedMeasurement(GPU), recheck=verdicts.Verdict(True),
+                               thresholds=_calibrated())
     assert score.fraction == 0.0 and score.rows[0]["error"] == "not measured"
     assert score.to_dict()["rows"][0]["label"] == "n1024"
 
 
-def test_nothing_is_timed_on_a_cpu():
-    clock = FakeClock()
-    part = _toy_part(clock)
-    assert speed.measure_part(part, _module(clock, 1), device="cpu") == {"skipped": "not measured: no GPU"}
-    score = speed.score_part(part, {"skipped": speed.NOT_MEASURED}, thresholds=None)
-    assert score.skipped == "not measured: no GPU" and score.fraction == 0.0 and score.rows == []
-    ungraded = _toy_part(clock, speed_points=0)
-    assert "not speed-graded" in speed.measure_part(ungraded, _module(clock, 1), device="cuda")["skipped"]
-    assert speed.load_thresholds() is None  # no GPU here: not calibrated
+def test_no_thresholds_without_a_gpu():
+    assert credit.load_thresholds() is None  # no GPU here: not calibrated
 
 
 def test_speed_tests_exist_for_speed_graded_parts_only():
     clock = FakeClock()
     gelu = exercises.get("gelu")
-    tests = pytest_speed.speed_tests(gelu)
-    assert list(tests) == ["test_forward_speed"]
+    tests = spec_tests.exercise_tests("gelu")
+    assert "test_forward_speed" in tests
     marks = {m.name: m for m in tests["test_forward_speed"].pytestmark}
-    assert {"speed", "benchmark", "parametrize"} <= set(marks)
+    assert {"speed", "benchmark", "parametrize", "grader_check"} <= set(marks)
     assert marks["parametrize"].args[1] == gelu.parts[0].benchmarks
-    fake = SimpleNamespace(name="toy", title="Toy", parts=(_toy_part(clock, speed_points=0),))
-    assert pytest_speed.speed_tests(fake) == {}
+    assert catalog.SPEED not in catalog.kinds(_toy_part(clock, speed_points=0))
+
+
+def test_pytest_benchmark_gets_the_graded_samples():
+    """pytest-benchmark's pedantic mode, on an empty target, records exactly the samples it is handed."""
+    timer = speed_tests.SampleReplayTimer()
+    timer.load([0.5, 0.25, 1.0])
+    readings = [timer() for _ in range(6)]
+    assert [b - a for a, b in zip(readings[::2], readings[1::2])] == pytest.approx([0.5e-3, 0.25e-3, 1e-3])
 
 
 def test_speed_tests_are_skipped_on_cpu_with_the_reason():
@@ -302,11 +305,10 @@ def test_slow_fixture_is_correct(name, exercise_name, parts):
         module = loader.load(root, exercise, part.functions)
         for case in part.examples:
             if part.skip(case, device) is None:
-                verdict = check.run_case(exercise, part, module, case, device)
+                verdict = verdicts.run_case(part, module, case, device)
                 assert verdict.passed, f"{name} must be correct: {verdict.message}"
-        case = next(c for c in part.integrity_cases or part.examples if part.skip(c, device) is None)
-        ex = check.execute(part, module, case, device)
-        verdict = check.judge_integrity(part, case, ex, student_dir=str(root / exercise.name))
+        case = next(c for c in part.integrity_examples if part.skip(c, device) is None)
+        verdict = verdicts.run_integrity(part, module, case, device, student_dir=str(root / exercise.name))
         assert verdict.passed, verdict.message
 
 
@@ -317,7 +319,7 @@ def _bench_result():
     clock = FakeClock()
     part = _toy_part(clock)
     row = _measure(part, _module(clock, 1.5), clock, baselines=["torch", "copy", "extra"])
-    broken = {"label": "broken", "error": "double raised RuntimeError: boom\n  frame"}
+    broken = measure.BenchmarkTiming("broken", error="double raised RuntimeError: boom\n  frame")
     return part, {"exercise": "toy", "part": "forward", "gpu": GPU, "roofline": ROOF, "baseline": "torch",
                   "rows": [row, broken]}
 
@@ -325,7 +327,7 @@ def _bench_result():
 def test_bench_table_and_plot(tmp_path, monkeypatch):
     from rich.console import Console
 
-    monkeypatch.setattr(speed, "_portable", lambda: ({}, []))
+    monkeypatch.setattr(th, "portable", lambda: ({}, []))
     part, result = _bench_result()
     rows = bench.table_rows(result, part, _calibrated())
     yours = next(r for r in rows if r["impl"] == "yours")
@@ -359,11 +361,11 @@ def test_bench_and_calibrate_need_a_gpu(capsys):
 
 def test_pytest_header_line_names_the_thresholds(tmp_path, monkeypatch):
     monkeypatch.delenv("GRADER_THRESHOLDS", raising=False)
-    assert "this GPU (NVIDIA Z9000) is not calibrated" in speed.thresholds_summary("NVIDIA Z9000")
+    assert "this GPU (NVIDIA Z9000) is not calibrated" in credit.thresholds_summary("NVIDIA Z9000")
     path = tmp_path / "h100.toml"
     path.write_text('format = 1\n[gpu]\nname = "NVIDIA H100 80GB HBM3"\n')
     monkeypatch.setenv("GRADER_THRESHOLDS", str(path))
-    assert speed.thresholds_summary("NVIDIA Z9000") == (
+    assert credit.thresholds_summary("NVIDIA Z9000") == (
         f"speed thresholds: {path} (calibrated on NVIDIA H100 80GB HBM3)")
     path.write_text("format = 2\n")
-    assert "'format' must be 1" in speed.thresholds_summary("NVIDIA Z9000")
+    assert "'format' must be 1" in credit.thresholds_summary("NVIDIA Z9000")

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from grader import calibrate, exercises
-from grader import thresholds as th
-from grader.thresholds import Threshold, Thresholds, ThresholdsError
+from grader import exercises
+from grader.speed import calibrate
+from grader.speed import thresholds as th
+from grader.speed.thresholds import Threshold, Thresholds, ThresholdsError
 
 
 @pytest.mark.parametrize(("name", "slug"), [
@@ -103,8 +104,8 @@ def test_minimal_file_parses():
 ])
 def test_invalid_files_say_where_and_what(text, message):
     with pytest.raises(ThresholdsError, match=message) as info:
-        th.parse(text, source="grader/thresholds/h200.toml")
-    assert str(info.value).startswith("grader/thresholds/h200.toml")
+        th.parse(text, source="grader/speed/thresholds/h200.toml")
+    assert str(info.value).startswith("grader/speed/thresholds/h200.toml")
 
 
 def test_missing_file_is_a_clear_error(tmp_path):

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from grader import timing
-from grader.timing import Candidate, FakeClock, StopRule
+from grader.speed import timing
+from grader.speed.timing import Candidate, FakeClock, StopRule
 
 
 def test_summarize_known_samples():
@@ -228,34 +228,3 @@ def test_clone_exact_keeps_strides_and_copies():
     assert copy.stride() == base.stride() and copy.storage_offset() == base.storage_offset()
     assert torch.equal(copy, base) and copy.data_ptr() != base.data_ptr()
     assert timing.clone_exact(3) == 3
-
-
-class _FakeEvent:
-    def __init__(self, t_ms: float):
-        self.t_ms = t_ms
-        self.synced = False
-
-    def synchronize(self):
-        self.synced = True
-
-    def elapsed_time(self, other: _FakeEvent) -> float:
-        return other.t_ms - self.t_ms
-
-
-def test_cuda_event_timer_reports_device_time_between_pairs():
-    times = iter([10.0, 10.25, 50.0, 51.0, 70.0])
-    events = []
-
-    def make():
-        events.append(_FakeEvent(next(times)))
-        return events[-1]
-
-    timer = timing.CudaEventTimer(make_event=make)
-    assert timer.__name__ == "cuda_event_timer"
-    start = timer()
-    end = timer()
-    assert end - start == pytest.approx(0.25e-3) and events[1].synced
-    assert timer() == 0.0 and timer() == pytest.approx(1e-3)
-    timer()  # a round that raised left a start behind ...
-    timer.arm()  # ... arm() forgets it
-    assert timer._start is None

@@ -1,5 +1,5 @@
 """Tests for the gelu exercise, generated from grader/exercises/gelu.py. Run: pytest assignments/gelu"""
 
-from grader.pytest_tests import exercise_tests
+from grader.pytest_plugin import exercise_tests
 
 globals().update(exercise_tests("gelu"))

@@ -1,5 +1,5 @@
 """Tests for the softmax exercise, generated from grader/exercises/softmax.py. Run: pytest assignments/softmax"""
 
-from grader.pytest_tests import exercise_tests
+from grader.pytest_plugin import exercise_tests
 
 globals().update(exercise_tests("softmax"))

@@ -10,7 +10,8 @@ import importlib
 import pkgutil
 from functools import cache
 
-from grader.spec import Exercise
+from grader.checks import catalog
+from grader.checks.spec import Exercise
 
 
 @cache
@@ -20,6 +21,9 @@ def all_exercises() -> tuple[Exercise, ...]:
         module = importlib.import_module(f"{__name__}.{info.name}")
         exercise = getattr(module, "EXERCISE", None)
         if isinstance(exercise, Exercise):
+            problems = catalog.validate(exercise)
+            if problems:
+                raise ValueError(f"grader/exercises/{info.name}.py: " + "; ".join(problems))
             found.append(exercise)
     return tuple(sorted(found, key=lambda e: (e.order, e.name)))
 

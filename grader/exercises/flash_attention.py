@@ -6,8 +6,8 @@ large enough that exp overflows without the running max, fp32/fp16/bf16.
 Three parts, two reports: ``forward`` (o and lse), ``backward`` (dq, dk, dv from
 ``flash_attention_backward`` given float64-exact o and lse) and ``autograd`` (o, dq, dk, dv end to end
 through ``flash_attention(...).backward(do)``), the last two reported together as "backward".
-References are float64 on the CPU. :func:`check_memory` checks that the forward never materializes
-the Nq×Nk score matrix.
+References are float64 on the CPU. The forward's extra check ``memory`` (:data:`MEMORY_CHECK`) makes sure it
+never materializes the Nq×Nk score matrix.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ import math
 import torch
 from hypothesis import strategies as st
 
-from grader import integrity, strategies, tensors
-from grader.spec import BadInput, Benchmark, Case, Exercise, Part, Tolerance, Tolerances
+from grader.checks import integrity, strategies, tensors
+from grader.checks.spec import BadInput, Benchmark, Case, Exercise, ExtraCheck, Observation, Part, Tolerance, Tolerances
+from grader.checks.verdicts import Verdict
 
 HEAD_DIMS = (16, 32, 64, 128)
 TF32_MAX_N = 512  # longest fp32 sequence checked on the GPU (see _skip)
@@ -361,19 +362,21 @@ BACKWARD_BAD_INPUTS = (
 
 
 MEMORY_N = {"cuda": 16384, "cpu": 1024}
+MEMORY_POINTS = 3
 
 
-def check_memory(module, device: str):
-    """Run the causal forward on one long head (N = 16384 on the GPU, 1024 in the interpreter; D = 64 / 16)
-    and fail if it allocates a quarter of a 16-bit N×N score matrix or more: the bytes of all tensors
-    it creates (every device), and its peak memory above the inputs (CUDA). Returns a check.Verdict."""
-    from grader.check import Verdict
-
+def _memory_shape(device: str) -> tuple[int, int, torch.dtype]:
     n = MEMORY_N["cuda" if device == "cuda" else "cpu"]
-    d, dtype = (64, torch.bfloat16) if device == "cuda" else (16, torch.float16)
+    return (n, 64, torch.bfloat16) if device == "cuda" else (n, 16, torch.float16)
+
+
+def execute_memory(module, device: str) -> dict:
+    """Run the causal forward on one long head (N = 16384 on the GPU, 1024 in the interpreter; D = 64 / 16)
+    and record the bytes of all tensors it creates (every device) and its peak memory above the inputs
+    (CUDA)."""
+    n, d, dtype = _memory_shape(device)
     g = tensors.generator(n)
     q, k, v = (torch.randn((1, 1, n, d), generator=g).to(dtype).to(device) for _ in range(3))
-    budget = n * n * 2 // 4
     call = lambda: module.flash_attention_forward(q, k, v, is_causal=True, scale=None)  # causal: half the time
     try:
         peak = 0
@@ -390,9 +393,18 @@ def check_memory(module, device: str):
     except NotImplementedError:
         raise
     except Exception as exc:
-        return Verdict(False, f"flash_attention_forward raised {type(exc).__name__}: {exc} "
-                              f"on q, k, v of shape (1, 1, {n}, {d})")
-    allocated = seen.allocated_bytes
+        return {"allocated": 0, "peak": 0, "error": f"{type(exc).__name__}: {exc}"}
+    return {"allocated": int(seen.allocated_bytes), "peak": int(peak), "error": None}
+
+
+def judge_memory(observation: Observation, device: str) -> Verdict:
+    """Fail at a quarter of a 16-bit N×N score matrix or more."""
+    n, d, _ = _memory_shape(device)
+    if observation["error"] is not None:
+        return Verdict(False, f"flash_attention_forward raised {observation['error']} on q, k, v of shape "
+                              f"(1, 1, {n}, {d})")
+    budget = n * n * 2 // 4
+    allocated, peak = observation["allocated"], observation["peak"]
     worst = max(allocated, peak)
     if worst < budget:
         return Verdict(True)
@@ -401,6 +413,16 @@ def check_memory(module, device: str):
                           f"one head; the limit is {budget / 2**20:.1f} MiB (a quarter of one 16-bit "
                           f"{n}×{n} score matrix). FlashAttention keeps score tiles on chip: never write S or "
                           "P to memory")
+
+
+MEMORY_CHECK = ExtraCheck(
+    name="memory",
+    description="a long sequence must not allocate an Nq×Nk score matrix",
+    execute=execute_memory,
+    judge=judge_memory,
+    fields={"allocated": int, "peak": int, "error": (str, type(None))},
+    points=MEMORY_POINTS,
+)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -507,6 +529,7 @@ EXERCISE = Exercise(
             bad_inputs=FORWARD_BAD_INPUTS,
             report_as="forward",
             integrity_cases=(FORWARD_EXAMPLES[2],),
+            extra_checks=(MEMORY_CHECK,),
             benchmarks=tuple(_bench(*s) for s in _BENCH_SIZES),
             baselines=FORWARD_BASELINES,
             speed_baseline="sdpa-flash",

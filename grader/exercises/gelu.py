@@ -11,8 +11,8 @@ from functools import cache
 import torch
 from hypothesis import strategies as st
 
-from grader import strategies, tensors
-from grader.spec import Benchmark, Case, Exercise, Part, Tolerances
+from grader.checks import strategies, tensors
+from grader.checks.spec import Benchmark, Case, Exercise, Part, Tolerances
 
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 

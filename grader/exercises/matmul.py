@@ -13,9 +13,9 @@ import math
 import torch
 from hypothesis import strategies as st
 
-from grader import strategies, tensors
+from grader.checks import strategies, tensors
+from grader.checks.spec import BadInput, Benchmark, Case, Exercise, Part, Tolerances
 from grader.exercises.gelu import gelu_reference
-from grader.spec import BadInput, Benchmark, Case, Exercise, Part, Tolerances
 
 ACTIVATIONS = (None, "gelu")
 BF16_DOT_SKIP = "bf16 tl.dot is wrong in the Triton interpreter; runs on the GPU only"

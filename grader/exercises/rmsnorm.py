@@ -13,8 +13,8 @@ import functools
 import torch
 from hypothesis import strategies as st
 
-from grader import strategies, tensors
-from grader.spec import BadInput, Benchmark, Case, Exercise, Part, Tolerances
+from grader.checks import strategies, tensors
+from grader.checks.spec import BadInput, Benchmark, Case, Exercise, Part, Tolerances
 
 EPS_VALUES = (1e-6, 1e-5, 1e-2)
 # dy is drawn at the scale of x, so dx = rstd·(w·dy − x̂·c) is O(1) for every value kind (see

@@ -10,8 +10,8 @@ from functools import cache
 import torch
 from hypothesis import strategies as st
 
-from grader import strategies, tensors
-from grader.spec import Benchmark, Case, Exercise, Part, Tolerances
+from grader.checks import strategies, tensors
+from grader.checks.spec import Benchmark, Case, Exercise, Part, Tolerances
 
 MASKS = ("none", "some", "prefix", "all_first_row")
 

@@ -1,9 +1,9 @@
-"""The private channel from a worker to the verdict process: length-prefixed ``torch.save`` records.
+"""Framing of the messages between the grader and its worker: length-prefixed ``torch.save`` records on
+a pipe of their own (never stdout, which belongs to the student's prints).
 
-The worker writes to a file descriptor it inherits (an unlinked temporary file the parent opened),
-never to stdout, which belongs to the student's prints. The parent reads the records back with
-``torch.load(weights_only=True)``: only tensors and plain containers (dict, list, str, numbers) are
-accepted, so nothing the worker sends can make the parent import or run student code.
+Records are read back with ``torch.load(weights_only=True)``: only tensors and plain containers (dict,
+list, str, numbers) are accepted, so nothing the worker sends can make the grader import or run code.
+What the records mean is :mod:`grader.grading.protocol`'s business.
 """
 
 from __future__ import annotations
@@ -11,17 +11,20 @@ from __future__ import annotations
 import io
 import os
 import struct
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
-MAGIC = b"GRv1"
+MAGIC = b"GRv2"
 _HEADER = struct.Struct(">4sQ")  # magic, payload length
 
 
+class ChannelError(Exception):
+    """The stream holds something that is not a record (the message says what)."""
+
+
 def write_record(fd: int, record: dict[str, Any]) -> None:
-    """Append one record (a dict of plain data and tensors) to ``fd``."""
+    """Write one record (a dict of plain data and tensors) to ``fd``."""
     buf = io.BytesIO()
     torch.save(record, buf)
     data = _HEADER.pack(MAGIC, buf.getbuffer().nbytes) + buf.getvalue()
@@ -31,37 +34,37 @@ def write_record(fd: int, record: dict[str, Any]) -> None:
         view = view[written:]
 
 
-@dataclass
-class Decoded:
-    records: list[dict[str, Any]] = field(default_factory=list)
-    problem: str | None = None  # why decoding stopped early, if it did
+def _read_exactly(stream: BinaryIO, n: int) -> bytes:
+    chunks, left = [], n
+    while left:
+        chunk = stream.read(left)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
 
 
-def read_records(data: bytes) -> Decoded:
-    """Decode every complete record; a torn last record (the worker died mid-write) or bytes that are
-    not a record end decoding with a ``problem`` and keep the records before it."""
-    out = Decoded()
-    pos = 0
-    while pos < len(data):
-        if len(data) - pos < _HEADER.size:
-            out.problem = f"the result channel ends in a torn record after {len(out.records)} records"
-            break
-        magic, length = _HEADER.unpack_from(data, pos)
-        if magic != MAGIC:
-            out.problem = f"the result channel holds unexpected bytes after {len(out.records)} records"
-            break
-        start = pos + _HEADER.size
-        if start + length > len(data):
-            out.problem = f"the result channel ends in a torn record after {len(out.records)} records"
-            break
-        try:
-            record = torch.load(io.BytesIO(data[start : start + length]), weights_only=True)
-        except Exception as exc:
-            out.problem = f"record {len(out.records)} on the result channel is not valid data ({type(exc).__name__})"
-            break
-        if not isinstance(record, dict) or not isinstance(record.get("type"), str):
-            out.problem = f"record {len(out.records)} on the result channel is not a record"
-            break
-        out.records.append(record)
-        pos = start + length
-    return out
+def read_record(stream: BinaryIO, *, max_bytes: int | None = None) -> dict[str, Any] | None:
+    """The next record, or None at a clean end of the stream. A torn record, bytes that are not a record,
+    or a record over ``max_bytes`` raise :class:`ChannelError`."""
+    header = _read_exactly(stream, _HEADER.size)
+    if not header:
+        return None
+    if len(header) < _HEADER.size:
+        raise ChannelError("the channel ends in a torn record")
+    magic, length = _HEADER.unpack(header)
+    if magic != MAGIC:
+        raise ChannelError("the channel holds unexpected bytes")
+    if max_bytes is not None and length > max_bytes:
+        raise ChannelError(f"a record of {length / 2**20:.0f} MB is larger than the {max_bytes / 2**20:.0f} MB allowed")
+    payload = _read_exactly(stream, length)
+    if len(payload) < length:
+        raise ChannelError("the channel ends in a torn record")
+    try:
+        record = torch.load(io.BytesIO(payload), weights_only=True)
+    except Exception as exc:
+        raise ChannelError(f"a record is not valid data ({type(exc).__name__})") from None
+    if not isinstance(record, dict) or not isinstance(record.get("type"), str):
+        raise ChannelError("a record is not a message")
+    return record

@@ -5,7 +5,7 @@ The release holds
 * ``assignments/`` — handouts, stubs and test files;
 * ``grader/`` — the public part of the grader that ``pytest assignments/`` needs (specs, checks, pytest
   plugin, speed tests and their thresholds, ``grader list`` and ``grader bench``), without the
-  instructor grader (``grader/grading/``) and ``grader/calibrate.py`` (it times ``solutions/``);
+  instructor grader (``grader/grading/``) and ``grader/speed/calibrate.py`` (it times ``solutions/``);
 * ``pyproject.toml`` (``pytest`` with no argument runs ``assignments/``), ``scripts/bootstrap.sh`` and
   ``.ci/constraints.txt`` (the install), and a student ``README.md``;
 * with ``--notebooks``: ``notebooks/<exercise>.ipynb`` — the handout as markdown, the stub as a code
@@ -29,7 +29,7 @@ from pathlib import Path
 import grader
 
 REPO = Path(grader.__file__).resolve().parent.parent
-STAFF_ONLY = ("grader/grading", "grader/calibrate.py")  # instructor tooling, not needed by students
+STAFF_ONLY = ("grader/grading", "grader/speed/calibrate.py")  # instructor tooling, not needed by students
 _SKIP_NAMES = {"__pycache__", ".pytest_cache", ".hypothesis", ".benchmarks", ".ipynb_checkpoints"}
 MIN_AUDIT_LINE = 24  # shorter lines (imports, "return y") are not evidence of a leak
 
@@ -176,7 +176,7 @@ def _notebook_hits(text: str, distinctive: dict[str, str]) -> set[str]:
 _SETUP = '''\
 # Run first: picks the GPU, or the Triton interpreter on a CPU (TRITON_INTERPRET must be set before triton is
 # imported, so restart the kernel if you imported triton earlier).
-from grader import runtime
+from grader.checks import runtime
 
 print(runtime.configure().description)'''
 

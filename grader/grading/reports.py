@@ -1,17 +1,17 @@
-"""Reports of a grading run, written to ``--out``:
+"""Reports of a grading run (where they go: :mod:`grader.grading.store`):
 
-* ``<student>/report.md`` and ``<student>/report.html`` (self-contained: inline CSS, inline SVG plot):
-  per exercise the score, the smallest failing check with its error, integrity flags, and the speed
-  table with a roofline plot;
-* ``<student>/results.json``: the Gradescope autograder format (``score``, ``tests[]`` with ``name``,
+* ``report.md`` and ``report.html`` per student (self-contained: inline CSS, inline SVG plot): per
+  exercise the score, the smallest failing check with its error, integrity flags, and the speed table
+  with a roofline plot;
+* ``results.json`` per student: the Gradescope autograder format (``score``, ``tests[]`` with ``name``,
   ``score``, ``max_score``, ``status``, ``output``, ``visibility``);
-* ``<student>/details.json`` (everything, for the instructor) and ``<student>/logs/<exercise>.log``
-  (the worker's captured output);
+* ``details.json`` (everything, for the instructor) and the worker's captured output per exercise;
 * ``grades.csv``: the class gradebook, one row per student;
 * a terminal summary table (rich).
 
-Every file is written atomically (a temporary file, then a rename), and a student's files are
-rewritten as soon as each of their exercises is graded, so an interrupted run keeps what it graded.
+A part that needs a regrade (a fault of the grader, not the student's) is said so everywhere: its lines
+read "needs regrade" and carry no score, the totals say how many points wait for it, and the gradebook has
+a ``needs_regrade`` column. A student's files are rewritten as soon as each of their exercises is graded.
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ import html
 import io
 import json
 import math
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from grader.grading.runner import ExerciseResult
-from grader.grading.scoring import ExerciseScore, round_points
+from grader.grading import store
+from grader.grading.results import ExerciseResult
+from grader.grading.scoring import LINE_REGRADE, ExerciseScore, round_points
 
 
 @dataclass
@@ -50,16 +50,26 @@ class StudentReport:
     def max_score(self) -> float:
         return sum(s.max_score for s, _ in self.exercises)
 
+    @property
+    def pending(self) -> float:
+        """Points waiting for a regrade."""
+        return sum(s.pending for s, _ in self.exercises)
 
-def write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    def regrade_parts(self) -> list[str]:
+        return [f"{r.exercise}/{name}" for _, r in self.exercises for name in r.regrade_parts()]
 
 
 def _pts(value: float) -> str:
     return f"{round_points(value):g}"
+
+
+def _total(score: float, max_score: float, pending: float) -> str:
+    text = f"{_pts(score)} / {_pts(max_score)}"
+    return text + (f" ({_pts(pending)} pending a regrade)" if pending > 0 else "")
+
+
+REGRADE_NOTE = ("Some parts need a regrade: the grader failed while judging them (a fault of the grader, not of "
+                "your code). They are not scored yet; the total will change when they are regraded.")
 
 
 # ------------------------------------------------------------------------------------- gradescope
@@ -69,6 +79,10 @@ def gradescope(report: StudentReport) -> dict[str, Any]:
     tests = []
     for score, result in report.exercises:
         for line in score.lines:
+            if line.status == LINE_REGRADE:  # no score and no status: neither 0 nor passed
+                tests.append({"name": f"{line.name} (needs regrade)", "output": f"{REGRADE_NOTE}\n{line.output}",
+                              "visibility": "visible"})
+                continue
             tests.append({
                 "name": line.name,
                 "score": round(line.score, 4),
@@ -81,6 +95,8 @@ def gradescope(report: StudentReport) -> dict[str, Any]:
             tests.append({"name": f"{score.exercise}: problems while grading", "score": 0.0, "max_score": 0.0,
                           "status": "failed", "output": "\n\n".join(result.problems), "visibility": "visible"})
     output = [f"Graded with {report.device}."] + [f"Submission problem: {p}" for p in report.problems]
+    if report.pending > 0:
+        output.insert(0, f"NEEDS REGRADE: {', '.join(report.regrade_parts())}. {REGRADE_NOTE}")
     return {
         "score": round(report.score, 4),
         "execution_time": round(report.elapsed_s, 1),
@@ -104,35 +120,39 @@ def _fence(text: str) -> str:
 
 def markdown(report: StudentReport) -> str:
     out = [f"# Grade report: {report.student}", ""]
-    out.append(f"**Total: {_pts(report.score)} / {_pts(report.max_score)} points** — graded with {report.device}; "
-               f"{report.started}, {report.elapsed_s:.1f} s. Submission: `{report.source}` ({report.kind}).")
+    out.append(f"**Total: {_total(report.score, report.max_score, report.pending)} points** — graded with "
+               f"{report.device}; {report.started}, {report.elapsed_s:.1f} s. Submission: `{report.source}` "
+               f"({report.kind}).")
     out.append("")
+    if report.pending > 0:
+        out += [f"> **Needs regrade** ({', '.join(report.regrade_parts())}): {REGRADE_NOTE}", ""]
     for problem in report.problems:
         out.append(f"> Submission problem: {problem}")
     if report.problems:
         out.append("")
     out += ["| Exercise | Score | Status |", "|---|---:|---|"]
     for score, _ in report.exercises:
-        out.append(f"| {score.exercise} | {_pts(score.score)} / {_pts(score.max_score)} | {_status_text(score)} |")
+        out.append(f"| {score.exercise} | {_total(score.score, score.max_score, score.pending)} | "
+                   f"{_status_text(score)} |")
     for score, result in report.exercises:
-        out += ["", f"## {score.exercise} — {score.title}: {_pts(score.score)} / {_pts(score.max_score)}", ""]
+        out += ["", f"## {score.exercise} — {score.title}: {_total(score.score, score.max_score, score.pending)}", ""]
         if score.status != "graded" and score.message:
             out += [f"**{score.status}**", "", _fence(score.message), ""]
         out += ["| Check | Points | Result |", "|---|---:|---|"]
         for line in score.lines:
-            mark = "passed" if line.passed else "failed"
-            out.append(f"| {line.name} | {_pts(line.score)} / {_pts(line.max_score)} | {mark} |")
+            points = "–" if line.status == LINE_REGRADE else _pts(line.score)
+            out.append(f"| {line.name} | {points} / {_pts(line.max_score)} | {line.status} |")
         for part in result.parts:
             failure = part.first_failure()
             if part.status == "graded" and failure is not None:
                 out += ["", f"**{part.name}: smallest failing check** ({failure.label}):", "", _fence(failure.message)]
             for flag in part.flags:
                 out += ["", f"**Integrity flag `{flag['rule']}`** ({part.name}):", "", _fence(flag["message"])]
-            rows = (part.speed or {}).get("rows") or []
+            rows = part.speed.rows
             if rows:
-                out += ["", f"**{part.name}: speed** — {part.speed.get('message', '')}", "", *_speed_md(rows)]
-            elif part.speed and part.speed.get("status") not in (None, "not graded"):
-                out += ["", f"{part.name}: speed {part.speed.get('message', '')}"]
+                out += ["", f"**{part.name}: speed** — {part.speed.message}", "", *_speed_md(rows)]
+            elif part.speed.status != "not graded":
+                out += ["", f"{part.name}: speed {part.speed.message}"]
         if result.problems:
             out += ["", "**Problems while grading:**", "", _fence("\n\n".join(result.problems))]
         out += ["", f"_{score.exercise} took {result.elapsed_s:.1f} s._"]
@@ -140,6 +160,8 @@ def markdown(report: StudentReport) -> str:
 
 
 def _status_text(score: ExerciseScore) -> str:
+    if score.pending > 0:
+        return "needs regrade"
     if score.status == "graded":
         return "graded" if score.score >= score.max_score - 1e-9 else "graded (see below)"
     return score.status
@@ -175,6 +197,7 @@ th{background:#f4f4f4}td.num{text-align:right;font-variant-numeric:tabular-nums}
 .total{font-size:1.3rem}.meta{color:#666}.flag{background:#fff3f3;border-left:4px solid #b00020;padding:.4rem .8rem}
 pre{background:#f7f7f7;padding:.6rem;overflow-x:auto;white-space:pre-wrap;font-size:.85rem}
 .problem{background:#fff8e1;border-left:4px solid #f0a000;padding:.4rem .8rem}
+.regrade{background:#eef3ff;border-left:4px solid #3557b7;padding:.4rem .8rem;color:#3557b7;font-weight:600}
 svg text{font-family:inherit}
 """
 
@@ -187,27 +210,32 @@ def render_html(report: StudentReport) -> str:
     h = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
          f"<title>Grade report: {_e(report.student)}</title><style>{_CSS}</style></head><body>",
          f'<h1 id="student">Grade report: {_e(report.student)}</h1>',
-         f'<p class="total" id="total">Total: <b>{_pts(report.score)} / {_pts(report.max_score)}</b> points</p>',
+         f'<p class="total" id="total">Total: <b>{_e(_total(report.score, report.max_score, report.pending))}</b> '
+         "points</p>",
          f'<p class="meta">Graded with {_e(report.device)}; {_e(report.started)}, {report.elapsed_s:.1f} s. '
          f"Submission: <code>{_e(report.source)}</code> ({_e(report.kind)}).</p>"]
+    if report.pending > 0:
+        h.append(f'<p class="regrade" id="needs-regrade"><b>Needs regrade</b> '
+                 f"({_e(', '.join(report.regrade_parts()))}): {_e(REGRADE_NOTE)}</p>")
     for problem in report.problems:
         h.append(f'<p class="problem">Submission problem: {_e(problem)}</p>')
     h.append('<table id="summary"><tr><th>Exercise</th><th>Score</th><th>Status</th></tr>')
     for score, _ in report.exercises:
         h.append(f'<tr><td><a href="#ex-{_e(score.exercise)}">{_e(score.exercise)}</a></td>'
-                 f'<td class="num">{_pts(score.score)} / {_pts(score.max_score)}</td>'
+                 f'<td class="num">{_e(_total(score.score, score.max_score, score.pending))}</td>'
                  f"<td>{_e(_status_text(score))}</td></tr>")
     h.append("</table>")
     for score, result in report.exercises:
         h.append(f'<section id="ex-{_e(score.exercise)}"><h2>{_e(score.exercise)} — {_e(score.title)}: '
-                 f"{_pts(score.score)} / {_pts(score.max_score)}</h2>")
+                 f"{_e(_total(score.score, score.max_score, score.pending))}</h2>")
         if score.status != "graded" and score.message:
             h.append(f"<p><b>{_e(score.status)}</b></p><pre>{_e(score.message)}</pre>")
         h.append("<table><tr><th>Check</th><th>Points</th><th>Result</th></tr>")
         for line in score.lines:
-            mark = "passed" if line.passed else "failed"
-            h.append(f"<tr><td>{_e(line.name)}</td><td class=\"num\">{_pts(line.score)} / {_pts(line.max_score)}"
-                     f'</td><td class="{mark}">{mark}</td></tr>')
+            mark = {"passed": "passed", "failed": "failed"}.get(line.status, "regrade")
+            points = "–" if line.status == LINE_REGRADE else _pts(line.score)
+            h.append(f"<tr><td>{_e(line.name)}</td><td class=\"num\">{points} / {_pts(line.max_score)}"
+                     f'</td><td class="{mark}">{_e(line.status)}</td></tr>')
         h.append("</table>")
         for part in result.parts:
             failure = part.first_failure()
@@ -217,17 +245,17 @@ def render_html(report: StudentReport) -> str:
             for flag in part.flags:
                 h.append(f'<div class="flag"><b>Integrity flag <code>{_e(flag["rule"])}</code></b> '
                          f"({_e(part.name)})<pre>{_e(flag['message'])}</pre></div>")
-            speed = part.speed or {}
-            rows = speed.get("rows") or []
+            speed = part.speed
+            rows = speed.rows
             if rows:
-                h.append(f"<h3>{_e(part.name)}: speed</h3><p>{_e(speed.get('message', ''))}</p>")
+                h.append(f"<h3>{_e(part.name)}: speed</h3><p>{_e(speed.message)}</p>")
                 h.append(_speed_html(rows))
-                roof = speed.get("roofline") or {}
+                roof = speed.roofline
                 peaks = [v for v in (roof.get("matmul_tflops") or {}).values() if _num(v)]
                 h.append(roofline_svg(rows, title=f"{score.exercise} / {part.name}",
                                       peak_gbps=_num(roof.get("copy_gbps")), peak_tflops=max(peaks) if peaks else None))
-            elif speed.get("status") not in (None, "not graded"):
-                h.append(f'<p class="meta">{_e(part.name)}: speed {_e(speed.get("message", ""))}</p>')
+            elif speed.status != "not graded":
+                h.append(f'<p class="meta">{_e(part.name)}: speed {_e(speed.message)}</p>')
         if result.problems:
             h.append('<h3>Problems while grading</h3><pre class="problem">'
                      f"{_e(chr(10).join(p + chr(10) for p in result.problems))}</pre>")
@@ -349,34 +377,37 @@ def gradebook_csv(reports: list[StudentReport], exercise_names: list[str]) -> st
     buf = io.StringIO()
     writer = csv.writer(buf)
     writer.writerow(["student", "total", "max_total", *exercise_names, *(f"{n}_status" for n in exercise_names),
-                     "source", "problems"])
+                     "pending_regrade", "needs_regrade", "source", "problems"])
     for report in sorted(reports, key=lambda r: r.student):
         by_name = {s.exercise: s for s, _ in report.exercises}
         scores = [_pts(by_name[n].score) if n in by_name else "" for n in exercise_names]
-        statuses = [by_name[n].status if n in by_name else "pending" for n in exercise_names]
+        statuses = [_status_text(by_name[n]) if n in by_name else "pending" for n in exercise_names]
         problems = "; ".join(report.problems + [
             f"{s.exercise}: {r.problems[0].splitlines()[0]}" for s, r in report.exercises if r.problems
         ])
         writer.writerow([report.student, _pts(report.score), _pts(report.max_score), *scores, *statuses,
-                         report.source, problems])
+                         _pts(report.pending), "; ".join(report.regrade_parts()), report.source, problems])
     return buf.getvalue()
 
 
-def write_student(out: Path, report: StudentReport) -> None:
-    folder = out / report.student
-    write_atomic(folder / "results.json", json.dumps(gradescope(report), indent=2) + "\n")
-    write_atomic(folder / "report.md", markdown(report))
-    write_atomic(folder / "report.html", render_html(report))
-    details = {
+def details(report: StudentReport) -> dict[str, Any]:
+    return {
         "student": report.student, "source": report.source, "kind": report.kind, "problems": report.problems,
-        "device": report.device, "score": report.score, "max_score": report.max_score,
-        "exercises": [{"score": {**s.__dict__, "lines": [ln.to_dict() for ln in s.lines]}, "result": r.to_dict()}
+        "device": report.device, "score": report.score, "max_score": report.max_score, "pending": report.pending,
+        "exercises": [{"score": s.to_dict(), "result": {k: v for k, v in r.to_dict().items() if k != "log"}}
                       for s, r in report.exercises],
     }
-    write_atomic(folder / "details.json", json.dumps(details, indent=2, default=str) + "\n")
+
+
+def write_student(out: Path, report: StudentReport) -> None:
+    folder = store.student_dir(out, report.student)
+    store.write_atomic(folder / "results.json", json.dumps(gradescope(report), indent=2) + "\n")
+    store.write_atomic(folder / "report.md", markdown(report))
+    store.write_atomic(folder / "report.html", render_html(report))
+    store.write_atomic(folder / "details.json", json.dumps(details(report), indent=2, default=str) + "\n")
     for _, result in report.exercises:
         if result.log:
-            write_atomic(folder / "logs" / f"{result.exercise}.log", result.log)
+            store.write_atomic(folder / "logs" / f"{result.exercise}.log", result.log)
 
 
 # ----------------------------------------------------------------------------------------- terminal
@@ -400,8 +431,8 @@ def summary_table(reports: list[StudentReport], exercise_names: list[str], title
                 cells.append("")
                 continue
             full = s.score >= s.max_score - 1e-9 and s.max_score > 0
-            style = "green" if full else ("yellow" if s.score > 0 else "red")
-            note = "" if s.status == "graded" else f" ({s.status})"
+            style = "blue" if s.pending > 0 else "green" if full else ("yellow" if s.score > 0 else "red")
+            note = "" if s.status == "graded" else f" ({_status_text(s)})"
             cells.append(f"[{style}]{_pts(s.score)}/{_pts(s.max_score)}{note}[/]")
         table.add_row(report.student, *cells, f"{_pts(report.score)}/{_pts(report.max_score)}",
                       f"{report.elapsed_s:.0f} s")

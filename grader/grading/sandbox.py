@@ -105,6 +105,85 @@ def minimal_env(extra: dict[str, str], home: str) -> dict[str, str]:
     return env
 
 
+class Process:
+    """One untrusted process, started in its own session: a handle to watch it, stop it and read what it
+    printed. A thread polls its process group's resident memory when ``rss_limit_bytes`` is set and kills
+    the group above it."""
+
+    def __init__(self, argv: Sequence[str], *, cwd: str, env: dict[str, str], rss_limit_bytes: int | None,
+                 output_cap: int, pass_fds: Sequence[int] = (), stdin_data: bytes | None = None):
+        self.token = secrets.token_hex(16)
+        self.start = time.monotonic()
+        self.proc = subprocess.Popen(
+            list(argv), stdin=subprocess.PIPE if stdin_data is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd, env={**env, TOKEN_VAR: self.token},
+            start_new_session=True, pass_fds=tuple(pass_fds), close_fds=True,
+        )
+        with _ACTIVE_LOCK:
+            _ACTIVE[self.proc.pid] = self.token
+        self.readers = [_Reader(self.proc.stdout, output_cap), _Reader(self.proc.stderr, output_cap)]
+        for r in self.readers:
+            r.start()
+        if stdin_data is not None:
+            threading.Thread(target=_feed, args=(self.proc.stdin, stdin_data), daemon=True).start()
+        self.memory_exceeded = False
+        self.timed_out = False
+        self.leftover_killed = 0
+        self._stopped = threading.Event()
+        if rss_limit_bytes is not None:
+            threading.Thread(target=self._watch_memory, args=(rss_limit_bytes,), daemon=True).start()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def _watch_memory(self, limit: int) -> None:
+        while not self._stopped.wait(POLL_S):
+            if self.proc.poll() is not None:
+                return
+            if group_rss(self.proc.pid) > limit:
+                self.memory_exceeded = True
+                kill_all(self.proc.pid, self.token)
+                return
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def wait(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for the process to exit; True if it did."""
+        try:
+            self.proc.wait(timeout=max(0.0, timeout_s))
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
+    def stop(self, *, timed_out: bool = False) -> Outcome:
+        """Kill whatever is left of the process and everything it started; what happened."""
+        self.timed_out = self.timed_out or timed_out
+        self._stopped.set()
+        self.leftover_killed += kill_all(self.proc.pid, self.token)
+        self.proc.wait()
+        with _ACTIVE_LOCK:
+            _ACTIVE.pop(self.proc.pid, None)
+        elapsed = time.monotonic() - self.start
+        for r in self.readers:
+            r.join(timeout=5)
+        for stream in (self.proc.stdout, self.proc.stderr, self.proc.stdin):
+            if stream is not None:
+                with contextlib.suppress(OSError):
+                    stream.close()
+        killed = self.timed_out or self.memory_exceeded
+        return Outcome(
+            returncode=None if killed else self.proc.returncode,
+            timed_out=self.timed_out,
+            memory_exceeded=self.memory_exceeded,
+            elapsed_s=elapsed,
+            stdout=self.readers[0].captured(),
+            stderr=self.readers[1].captured(),
+            leftover_killed=self.leftover_killed,
+        )
+
+
 def run(
     argv: Sequence[str],
     *,
@@ -117,50 +196,10 @@ def run(
     pass_fds: Sequence[int] = (),
 ) -> Outcome:
     """Run ``argv`` to completion or until a limit is hit; always kills the whole process group."""
-    token = secrets.token_hex(16)
-    env = {**env, TOKEN_VAR: token}
-    start = time.monotonic()
-    proc = subprocess.Popen(
-        list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd, env=env,
-        start_new_session=True, pass_fds=tuple(pass_fds), close_fds=True,
-    )
-    with _ACTIVE_LOCK:
-        _ACTIVE[proc.pid] = token
-    readers = [_Reader(proc.stdout, output_cap), _Reader(proc.stderr, output_cap)]
-    for r in readers:
-        r.start()
-    feeder = threading.Thread(target=_feed, args=(proc.stdin, stdin_data), daemon=True)
-    feeder.start()
-    timed_out = memory_exceeded = False
-    try:
-        while proc.poll() is None:
-            if time.monotonic() - start > timeout_s:
-                timed_out = True
-                break
-            if rss_limit_bytes is not None and group_rss(proc.pid) > rss_limit_bytes:
-                memory_exceeded = True
-                break
-            time.sleep(POLL_S)
-    finally:
-        leftover = kill_all(proc.pid, token)
-        proc.wait()
-        with _ACTIVE_LOCK:
-            _ACTIVE.pop(proc.pid, None)
-    elapsed = time.monotonic() - start
-    for r in readers:
-        r.join(timeout=5)
-    for stream in (proc.stdout, proc.stderr, proc.stdin):
-        with contextlib.suppress(OSError):
-            stream.close()
-    return Outcome(
-        returncode=None if timed_out or memory_exceeded else proc.returncode,
-        timed_out=timed_out,
-        memory_exceeded=memory_exceeded,
-        elapsed_s=elapsed,
-        stdout=readers[0].captured(),
-        stderr=readers[1].captured(),
-        leftover_killed=leftover,
-    )
+    process = Process(argv, cwd=cwd, env=env, rss_limit_bytes=rss_limit_bytes, output_cap=output_cap,
+                      pass_fds=pass_fds, stdin_data=stdin_data)
+    exited = process.wait(timeout_s)
+    return process.stop(timed_out=not exited and not process.memory_exceeded)
 
 
 def _feed(stream, data: bytes) -> None:

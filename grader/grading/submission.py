@@ -32,7 +32,7 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from grader.spec import Exercise
+from grader.checks.spec import Exercise
 
 MARKER = re.compile(r"^\s*#\s*%%\s*exercise:\s*(\S+)\s*$")
 MANIFEST = "student.toml"

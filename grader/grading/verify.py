@@ -10,7 +10,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from grader.grading.grade import UsageError, add_common, grade
+from grader.grading import config
+from grader.grading.grade import UsageError, add_common, exit_status, grade, options_from_args
 
 
 def default_solutions() -> Path:
@@ -36,7 +37,7 @@ def failures(batch) -> list[str]:
                 first = score.message.splitlines()[0] if score.message else ""
                 problems.append(f"{score.exercise}: {score.status}: {first}")
                 continue
-            calibrated = {part.name: bool((part.speed or {}).get("calibrated")) for part in result.parts}
+            calibrated = {part.name: part.speed.calibrated for part in result.parts}
             for line in score.lines:
                 if line.component == "speed" and not calibrated.get(line.part):
                     continue  # speed is required on a calibrated GPU only
@@ -60,10 +61,13 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="grader-verify-") as tmp:
         out = Path(args.out) if args.out else Path(tmp)
         try:
-            batch = grade([str(solutions)], out=out, options=args, title="grader verify", solutions_id="solutions")
-        except UsageError as exc:
+            batch = grade([str(solutions)], out=out, options=options_from_args(args), title="grader verify",
+                          solutions_id="solutions")
+        except (UsageError, config.CourseError) as exc:
             print(f"grader verify: {exc}", file=sys.stderr)
             return 2
+        if batch.regrade_parts():
+            return exit_status(batch)
         problems = failures(batch)
     if problems:
         print("grader verify: FAILED — the reference solutions do not earn full marks:", file=sys.stderr)
@@ -73,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     speed_note = " (speed not measured: no GPU)" if "CUDA" not in batch.device else ""
     uncalibrated = sorted({f"{s.exercise}/{line.part}" for r in batch.reports for s, res in r.exercises
                            for line in s.lines if line.component == "speed"
-                           and not any(p.name == line.part and (p.speed or {}).get("calibrated") for p in res.parts)})
+                           and not any(p.name == line.part and p.speed.calibrated for p in res.parts)})
     if uncalibrated:
         speed_note = f" (speed not required: this GPU is not calibrated for {', '.join(uncalibrated)})"
     print(f"grader verify: OK — every exercise earns full marks{speed_note} in {batch.elapsed_s:.1f} s",

@@ -1,0 +1,145 @@
+"""Run the student's code on one check and record what happened: the half of every check that runs in
+the process that imported the student's module (pytest's, or the grader's sandboxed worker).
+
+Nothing here judges. :func:`execute` calls a part's API on given inputs under the integrity monitor and
+returns an :class:`Execution` (outputs copied to the CPU, ops, kernel launches, inputs after the call,
+aliasing); :func:`execute_bad_input` makes a call that must raise and records how it raised. The
+verdicts are computed from these records by :mod:`grader.checks.verdicts`, which never touches student
+code, so the grader can put a process boundary in between.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import traceback
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from grader.checks import integrity, tensors
+from grader.checks.spec import BadInput, Inputs, Part
+
+ERROR_KINDS = ("not_implemented", "exception", "bad_output")
+
+
+@dataclass
+class Execution:
+    """What one call of the student's code produced; plain data (picklable, torch.save-able)."""
+
+    outputs: dict[str, torch.Tensor] | None = None  # CPU copies
+    output_devices: dict[str, str] = field(default_factory=dict)
+    error_kind: str | None = None  # one of ERROR_KINDS
+    error: str | None = None
+    ops: list[str] = field(default_factory=list)
+    kernels: list[tuple[str, str]] = field(default_factory=list)
+    inputs_after: dict[str, torch.Tensor] = field(default_factory=dict)  # CPU copies of tensor inputs
+    aliased: list[str] = field(default_factory=list)  # "output <- input" pairs sharing memory
+
+
+@dataclass
+class BadInputOutcome:
+    """What a bad-input call did."""
+
+    raised: str | None = None  # the exception's class name; None: the call returned normally
+    raised_types: list[str] = field(default_factory=list)  # "module.qualname" of every class in its MRO
+    message: str = ""
+
+
+@contextlib.contextmanager
+def poisoned_allocations():
+    """Make ``torch.empty`` fill with NaN so unwritten output elements show up (and say so)."""
+    import torch.utils.deterministic as det
+
+    was_det = torch.are_deterministic_algorithms_enabled()
+    was_warn = torch.is_deterministic_algorithms_warn_only_enabled()
+    was_fill = det.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    det.fill_uninitialized_memory = True
+    try:
+        yield
+    finally:
+        det.fill_uninitialized_memory = was_fill
+        torch.use_deterministic_algorithms(was_det, warn_only=was_warn)
+
+
+def device_inputs(inputs: Inputs, device: str) -> Inputs:
+    """Fresh copies of the tensor inputs on ``device``, with their strides and storage offsets."""
+    return {k: tensors.to_device(v, device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+
+
+def execute(part: Part, module: ModuleType, inputs: Inputs, device: str) -> Execution:
+    """Call the student's code on copies of ``inputs`` and record everything the verdicts need."""
+    dev_inputs = device_inputs(inputs, device)
+    ex = Execution()
+    try:
+        with poisoned_allocations(), integrity.monitor() as obs:
+            try:
+                outputs = part.call(module, dev_inputs)
+            finally:
+                if device == "cuda":
+                    torch.cuda.synchronize()
+    except NotImplementedError as exc:
+        ex.error_kind, ex.error = "not_implemented", str(exc)
+        return ex
+    except Exception as exc:  # the student's exception is the result we report
+        ex.error_kind, ex.error = "exception", student_traceback(exc)
+        return ex
+    ex.ops, ex.kernels = list(obs.ops), list(obs.kernels)
+    if not isinstance(outputs, dict) or not all(isinstance(v, torch.Tensor) for v in outputs.values()):
+        ex.error_kind, ex.error = "bad_output", f"expected tensors, got {type_summary(outputs)}"
+        return ex
+    ex.outputs = {k: v.detach().cpu().clone() for k, v in outputs.items()}
+    ex.output_devices = {k: str(v.device.type) for k, v in outputs.items()}
+    ex.inputs_after = {k: v.detach().cpu().clone() for k, v in dev_inputs.items() if isinstance(v, torch.Tensor)}
+    ex.aliased = [
+        f"{o} <- {i}"
+        for o, ov in outputs.items()
+        for i, iv in dev_inputs.items()
+        if isinstance(iv, torch.Tensor) and integrity.storages_overlap(ov, iv)
+    ]
+    return ex
+
+
+def qualname(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def execute_bad_input(module: ModuleType, bad: BadInput, device: str) -> BadInputOutcome:
+    """Make the bad call; NotImplementedError propagates (the function is not written yet)."""
+    fn = getattr(module, bad.function)
+    args, kwargs = bad.make_args(device)
+    try:
+        fn(*args, **kwargs)
+    except NotImplementedError:
+        raise
+    except Exception as exc:
+        return BadInputOutcome(type(exc).__name__, [qualname(c) for c in type(exc).__mro__], str(exc))
+    return BadInputOutcome()
+
+
+_INTERNAL = (
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,  # the grader package
+    f"{os.sep}triton{os.sep}",
+    f"{os.sep}torch{os.sep}",
+)
+
+
+def student_frames(exc: BaseException) -> str:
+    """The last few frames of the student's own code (not the grader's, triton's or torch's)."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not any(p in f.filename for p in _INTERNAL)]
+    return "".join(traceback.format_list(frames[-3:])).rstrip()
+
+
+def student_traceback(exc: BaseException) -> str:
+    """The exception and the student's frames where it was raised."""
+    where = student_frames(exc)
+    return f"{type(exc).__name__}: {exc}" + (f"\n{where}" if where else "")
+
+
+def type_summary(value: Any) -> str:
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {type(v).__name__}" for k, v in value.items()) + "}"
+    return type(value).__name__

@@ -1,0 +1,91 @@
+"""Where kernels run: a CUDA GPU when there is one, otherwise the Triton interpreter on the CPU.
+
+The interpreter must be chosen *before* ``triton`` is imported: ``@triton.jit`` wraps a kernel at
+decoration time, so a module imported earlier keeps its compiled-kernel wrapper. ``configure()`` is
+therefore called by the pytest plugin and the grader CLI at import, before any student module loads.
+
+``GRADER_DEVICE=cpu`` forces the interpreter even on a GPU machine (handy to reproduce what a
+student without a GPU sees); ``GRADER_DEVICE=cuda`` makes a missing GPU an error instead of a
+silent fallback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from functools import cache
+
+
+class RuntimeSetupError(RuntimeError):
+    """The environment cannot run the exercises as configured (told to the user verbatim)."""
+
+
+@dataclass(frozen=True)
+class Mode:
+    device: str  # "cuda" or "cpu"
+    interpreter: bool
+    description: str
+    gpu_name: str | None = None  # torch.cuda.get_device_name() on CUDA
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device == "cuda"
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+@cache
+def configure() -> Mode:
+    """Pick the device, set ``TRITON_INTERPRET`` if needed, and return the mode (idempotent)."""
+    wanted = os.environ.get("GRADER_DEVICE", "").strip().lower()
+    if wanted not in ("", "cpu", "cuda"):
+        raise RuntimeSetupError(f"GRADER_DEVICE must be 'cpu' or 'cuda', not {wanted!r}")
+    has_cuda = _cuda_available()
+    if wanted == "cuda" and not has_cuda:
+        raise RuntimeSetupError("GRADER_DEVICE=cuda but torch sees no CUDA GPU")
+    interpreter = wanted == "cpu" or not has_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+    if interpreter:
+        if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+            raise RuntimeSetupError(
+                "triton was imported before the grader could set TRITON_INTERPRET=1; "
+                "run `TRITON_INTERPRET=1 pytest ...` or import the grader first"
+            )
+        os.environ["TRITON_INTERPRET"] = "1"
+        _check_interpreter_versions()
+    import torch
+    import triton
+
+    versions = f"torch {torch.__version__}, triton {triton.__version__}"
+    if interpreter:
+        mode = Mode("cpu", True, f"CPU via the Triton interpreter (TRITON_INTERPRET=1); {versions}")
+    else:
+        name = torch.cuda.get_device_name()
+        mode = Mode("cuda", False, f"CUDA on {name}; {versions}", name)
+    return mode
+
+
+def _check_interpreter_versions() -> None:
+    """triton < 3.9's interpreter breaks on numpy >= 2.4 (``range(0, n, BLOCK)`` loops fail)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        triton_v = _major_minor(version("triton"))
+        numpy_v = _major_minor(version("numpy"))
+    except PackageNotFoundError:  # pragma: no cover - triton missing is reported by the import
+        return
+    if triton_v < (3, 9) and numpy_v >= (2, 4):
+        raise RuntimeSetupError(
+            f"the Triton {version('triton')} interpreter fails with numpy {version('numpy')} "
+            "(range(0, n, BLOCK) loops); install numpy<2.4 or triton>=3.9"
+        )
+
+
+def _major_minor(text: str) -> tuple[int, int]:
+    parts = text.split(".")
+    return int(parts[0]), int("".join(ch for ch in parts[1] if ch.isdigit()) or 0)
+

@@ -1,0 +1,132 @@
+"""Verdicts: the half of every check that needs no student code. Given the inputs a check was run on and
+what :mod:`grader.checks.execute` recorded, compute the float64 reference and decide.
+
+These are the only implementations of the correctness, integrity and bad-input rules; pytest calls them
+in the same process right after executing, the grader in its verdict process, which never imports the
+student's module.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from grader.checks import integrity, tensors
+from grader.checks.compare import compare, describe_tensor
+from grader.checks.execute import BadInputOutcome, Execution, execute, execute_bad_input, qualname
+from grader.checks.spec import BadInput, Case, Inputs, Part
+
+
+@dataclass
+class Verdict:
+    passed: bool
+    message: str = ""
+    flags: list[integrity.Flag] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"passed": self.passed, "message": self.message, "flags": [f.to_dict() for f in self.flags]}
+
+
+def describe_case(case: Case, inputs: Inputs) -> str:
+    lines = [f"case {case!r}"]
+    for name, value in inputs.items():
+        if isinstance(value, torch.Tensor):
+            lines.append(f"  {name}: {describe_tensor(value)}")
+    return "\n".join(lines)
+
+
+def correctness(part: Part, case: Case, inputs: Inputs, ex: Execution, device: str) -> Verdict:
+    """Every output of one execution against the float64 reference of ``inputs``."""
+    function = part.functions[0]
+    if ex.error_kind is not None:
+        return Verdict(False, f"{function} raised {ex.error}" if ex.error_kind == "exception" else ex.error or "")
+    if ex.outputs is None:
+        return Verdict(False, f"{function} returned no outputs")
+    expected = part.reference(inputs)
+    problems = []
+    for name, exp in expected.items():
+        if name not in ex.outputs:
+            problems.append(f"{name}: missing from the result")
+            continue
+        if ex.output_devices.get(name) != device:
+            problems.append(f"{name}: on {ex.output_devices.get(name)}, expected on {device}")
+            continue
+        mismatch = compare(name, ex.outputs[name], exp, part.tolerance(name, case.dtype, device))
+        if mismatch:
+            problems.append(mismatch.message)
+    if not problems:
+        return Verdict(True)
+    return Verdict(False, f"{function} is wrong on\n{describe_case(case, inputs)}\n" + "\n".join(problems))
+
+
+def integrity_flags(part: Part, inputs: Inputs, ex: Execution, *, student_dir: str) -> list[integrity.Flag]:
+    """The integrity rules for one call that returned: own Triton kernel, no PyTorch compute, inputs kept,
+    no aliasing."""
+    function = part.functions[0]
+    flags = integrity.flags_for(
+        integrity.Observation(ex.ops, ex.kernels),
+        function=function,
+        student_dir=student_dir,
+        allowed_ops=part.allowed_ops,
+    )
+    changed = [
+        name for name, before in inputs.items()
+        if isinstance(before, torch.Tensor)
+        and (name not in ex.inputs_after or not tensors.same_bits(before, ex.inputs_after[name]))
+    ]
+    if changed:
+        flags.append(integrity.Flag(
+            "inputs-unchanged",
+            f"{function} modified its input(s) {', '.join(changed)} in place — write results to a new tensor",
+        ))
+    if ex.aliased:
+        flags.append(integrity.Flag(
+            "no-aliasing", f"{function} returned output(s) sharing memory with inputs: {', '.join(ex.aliased)}"
+        ))
+    return flags
+
+
+def integrity_verdict(part: Part, inputs: Inputs, ex: Execution, *, student_dir: str) -> Verdict:
+    """The integrity check of one call: it must return, and raise no integrity flag."""
+    if ex.error_kind is not None:
+        return Verdict(False, f"{part.functions[0]} could not be checked: {ex.error}")
+    flags = integrity_flags(part, inputs, ex, student_dir=student_dir)
+    if not flags:
+        return Verdict(True)
+    return Verdict(False, "\n".join(f"[{f.rule}] {f.message}" for f in flags), flags)
+
+
+def bad_input(bad: BadInput, outcome: BadInputOutcome) -> Verdict:
+    """The call must raise one of ``bad.raises`` with a message matching ``bad.match``."""
+    expected = " or ".join(e.__name__ for e in bad.raises)
+    if outcome.raised is None:
+        return Verdict(False, f"{bad.function} ({bad.label}) returned normally — expected it to raise {expected}")
+    if not any(qualname(cls) in outcome.raised_types for cls in bad.raises):
+        return Verdict(False, f"{bad.function} ({bad.label}) raised {outcome.raised}: {outcome.message} — "
+                              f"expected {expected}")
+    if bad.match and not re.search(bad.match, outcome.message, re.IGNORECASE):
+        return Verdict(False, f"{bad.function} ({bad.label}) raised {outcome.raised}: {outcome.message} — "
+                              f"the message should mention {bad.match!r}")
+    return Verdict(True)
+
+
+# ------------------------------------------------------------------ execute + judge in one process
+
+
+def run_case(part: Part, module: ModuleType, case: Case, device: str) -> Verdict:
+    """Build the case's inputs, run the student's code and judge it (the pytest path)."""
+    inputs = part.make_inputs(case)
+    return correctness(part, case, inputs, execute(part, module, inputs, device), device)
+
+
+def run_integrity(part: Part, module: ModuleType, case: Case, device: str, *, student_dir: str) -> Verdict:
+    inputs = part.make_inputs(case)
+    return integrity_verdict(part, inputs, execute(part, module, inputs, device), student_dir=student_dir)
+
+
+def run_bad_input(module: ModuleType, bad: BadInput, device: str) -> Verdict:
+    return bad_input(bad, execute_bad_input(module, bad, device))

@@ -1,0 +1,193 @@
+"""Configuration, typed: the course (``course.toml``), the options of one ``grader grade`` run, and the
+settings an exercise run gets once both are resolved for a device.
+
+Every default lives in ``grader/grading/course.toml``; an instructor's ``--course FILE`` is laid over it
+key by key, and command-line options over both. Nothing else in the grader holds a default number.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import tomllib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from grader.checks.spec import Exercise
+
+COURSE_FILE = Path(__file__).with_name("course.toml")
+CORRECTNESS_MODES = ("fraction", "all-or-nothing")
+DEVICES = ("cpu", "cuda")
+# [grading] keys that may differ per device (``key_cpu`` / ``key_cuda``), with their type
+PER_DEVICE = {"random_cases": int, "timeout_s": float, "call_timeout_s": float, "memory_mb": int,
+              "speed_budget_s": float, "jobs": int}
+
+
+class CourseError(ValueError):
+    """The course file is not usable (told to the instructor verbatim)."""
+
+
+@dataclass(frozen=True)
+class Course:
+    name: str
+    total: float
+    weights: Mapping[str, float]
+    correctness: str
+    grading: Mapping[str, Any]  # the [grading] table as read (per-device keys resolved by setting())
+    source: str
+
+    def weight(self, exercise: str) -> float:
+        return float(self.weights.get(exercise, 1.0))
+
+    def setting(self, key: str, device: str) -> Any:
+        value = self.grading.get(f"{key}_{device}", self.grading.get(key))
+        if value is None:
+            raise CourseError(f"{self.source}: [grading] has no {key} (nor {key}_{device})")
+        return PER_DEVICE[key](value)
+
+    def scale(self, exercises: Iterable[Exercise]) -> float:
+        """Course points per declared point (before the exercise's weight)."""
+        weighted = sum(self.weight(e.name) * e.max_points for e in exercises)
+        return self.total / weighted if weighted > 0 else 0.0
+
+    def factor(self, exercise: Exercise, exercises: Iterable[Exercise]) -> float:
+        """Course points per point declared by ``exercise``."""
+        return self.scale(exercises) * self.weight(exercise.name)
+
+    def fingerprint(self) -> str:
+        """A digest of what the course file decides (weights, totals, modes, limits)."""
+        data = {"name": self.name, "total": self.total, "weights": dict(self.weights),
+                "correctness": self.correctness, "grading": dict(self.grading)}
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise CourseError(f"{path} is not valid TOML: {exc}") from None
+    except OSError as exc:
+        raise CourseError(f"{path}: cannot read: {exc.strerror or exc}") from None
+
+
+def _known_grading_key(key: str) -> bool:
+    if key == "correctness" or key in PER_DEVICE:
+        return True
+    base, _, device = key.rpartition("_")
+    return device in DEVICES and base in PER_DEVICE
+
+
+def load_course(path: str | Path | None = None, *, known: tuple[str, ...] | None = None) -> Course:
+    """The course: the bundled ``course.toml`` with ``path`` laid over it, checked."""
+    data = _read(COURSE_FILE)
+    source = str(COURSE_FILE)
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise CourseError(f"{path}: no such course file")
+        overlay = _read(path)
+        unknown_tables = sorted(set(overlay) - {"course", "weights", "grading"})
+        if unknown_tables:
+            raise CourseError(f"{path}: unknown table(s) {', '.join(unknown_tables)} (known: course, weights, grading)")
+        for table, values in overlay.items():
+            if not isinstance(values, dict):
+                raise CourseError(f"{path}: [{table}] must be a table")
+            data[table] = {**data.get(table, {}), **values}
+        source = str(path)
+    course_table, weights, grading = data.get("course", {}), data.get("weights", {}), data.get("grading", {})
+    unknown = sorted(k for k in grading if not _known_grading_key(k))
+    if unknown:
+        raise CourseError(f"{source}: [grading] has unknown key(s) {', '.join(unknown)}")
+    try:
+        course = Course(
+            name=str(course_table.get("name", "")),
+            total=float(course_table.get("total", 0)),
+            weights={str(k): float(v) for k, v in weights.items()},
+            correctness=str(grading.get("correctness", "")),
+            grading=dict(grading),
+            source=source,
+        )
+        for key in PER_DEVICE:
+            for device in DEVICES:
+                value = course.setting(key, device)
+                if value < 0 or (value == 0 and key not in ("random_cases",)):
+                    raise CourseError(f"{source}: [grading] {key} must be positive, not {value}")
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, CourseError):
+            raise
+        raise CourseError(f"{source}: {exc}") from None
+    if course.total <= 0:
+        raise CourseError(f"{source}: [course] total must be positive, not {course.total}")
+    if any(w < 0 for w in course.weights.values()):
+        raise CourseError(f"{source}: weights must not be negative")
+    if course.correctness not in CORRECTNESS_MODES:
+        raise CourseError(f"{source}: [grading] correctness must be one of {', '.join(CORRECTNESS_MODES)}, "
+                          f"not {course.correctness!r}")
+    if known is not None:
+        unknown = sorted(set(course.weights) - set(known))
+        if unknown:  # a typo, or an exercise not written yet: say so, but grade the rest
+            print(f"grader: warning: {source}: [weights] names unknown exercise(s) {', '.join(unknown)} "
+                  f"(known: {', '.join(known)})", file=sys.stderr)
+    return course
+
+
+@dataclass(frozen=True)
+class GradeOptions:
+    """What one ``grader grade`` run was asked for; None means "as the course file says"."""
+
+    exercises: tuple[str, ...] = ()  # empty: all
+    jobs: int | None = None
+    timeout_s: float | None = None
+    call_timeout_s: float | None = None
+    random_cases: int | None = None
+    memory_mb: int | None = None
+    secret: str | None = None
+    course: Path | None = None
+    keep_work: bool = False
+    profile: bool = False
+
+    def replace(self, **changes: Any) -> GradeOptions:
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values.update(changes)
+        return GradeOptions(**values)
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """Everything one exercise run needs, resolved. The secret stays in the grader's process."""
+
+    device: str
+    secret: str
+    random_cases: int
+    timeout_s: float
+    call_timeout_s: float
+    memory_mb: int | None
+    speed_budget_s: float
+    workdir: Path  # private scratch space of this grading run
+    gpu_name: str | None = None
+    output_cap: int = 64 * 1024  # bytes of stdout and of stderr kept per worker
+    result_cap_mb: int = 4096  # largest message from a worker
+    max_restarts: int = 2
+    env: Mapping[str, str] = field(default_factory=dict)  # extra environment for the worker (e.g. the GPU)
+
+
+def resolve(options: GradeOptions, course: Course, *, device: str, secret: str, workdir: Path,
+            gpu_name: str | None = None) -> RunSettings:
+    def pick(value, key):
+        return value if value is not None else course.setting(key, device)
+
+    timeout = float(pick(options.timeout_s, "timeout_s"))
+    return RunSettings(
+        device=device,
+        secret=secret,
+        random_cases=int(pick(options.random_cases, "random_cases")),
+        timeout_s=timeout,
+        call_timeout_s=min(float(pick(options.call_timeout_s, "call_timeout_s")), timeout),
+        memory_mb=int(pick(options.memory_mb, "memory_mb")),
+        speed_budget_s=float(course.setting("speed_budget_s", device)),
+        workdir=workdir,
+        gpu_name=gpu_name,
+    )

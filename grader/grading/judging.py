@@ -1,0 +1,289 @@
+"""Judge an exercise's replies in the grader's process, which never imports student code: the verdicts of
+:mod:`grader.checks.verdicts` on the inputs the grader built, replay detection, extra checks and speed
+credit, assembled into :class:`~grader.grading.results.PartResult` s.
+
+A fault of the grader itself — any exception while judging, comparing, detecting replays or computing
+credit — is recorded as a :class:`~grader.grading.results.GraderError` with its traceback for that check:
+the check is "grader error", its part "needs regrade" (neither 0 nor passed), and the student is never
+charged for it.
+
+Integrity: the integrity cases get the full rules (the student's own Triton kernel, no PyTorch compute,
+inputs unchanged, no aliasing); "no PyTorch compute", "inputs unchanged" and "no aliasing" also apply to
+every correctness call (a shortcut taken for some shapes only is still a shortcut). If no integrity case
+ran cleanly, the kernel rule is judged on a correctness call that did. Any flag zeroes the part.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import traceback
+from dataclasses import dataclass, field
+
+import torch
+
+from grader.checks import integrity, tensors, verdicts
+from grader.checks.execute import Execution
+from grader.checks.spec import Case, Exercise, Inputs, Part
+from grader.grading import protocol
+from grader.grading.plan import Item
+from grader.grading.results import (
+    ERROR,
+    FAILED,
+    GRADED,
+    GRADER_ERROR,
+    NEEDS_REGRADE,
+    NOT_IMPLEMENTED,
+    NOT_SUBMITTED,
+    PASSED,
+    SKIPPED,
+    CheckResult,
+    GraderError,
+    PartResult,
+    SpeedResult,
+)
+from grader.grading.supervise import Run
+from grader.speed import credit, thresholds
+
+GRADER_FAULT = ("the grader failed while judging this check — a fault of the grader, not of your code; "
+                "it is not scored and will be regraded")
+
+
+def grader_error(where: str, exc: BaseException) -> GraderError:
+    return GraderError(where, f"{type(exc).__name__}: {exc}",
+                       "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+
+
+def output_fingerprint(outputs: dict[str, torch.Tensor]) -> bytes:
+    """The outputs' names, shapes, dtypes and bits, whatever their layout."""
+    digest = hashlib.sha256()
+    for name in sorted(outputs):
+        t = outputs[name]
+        digest.update(f"{name}{tuple(t.shape)}{t.dtype}".encode())
+        digest.update(tensors.raw_bytes(t))
+    return digest.digest()
+
+
+def _size(inputs: Inputs) -> int:
+    return sum(v.numel() for v in inputs.values() if isinstance(v, torch.Tensor))
+
+
+@dataclass
+class _Seen:
+    """A returned call, for replay detection: which outputs, and whether they were right."""
+
+    item: Item
+    fingerprint: bytes
+    right: bool
+
+
+@dataclass
+class _PartState:
+    checks: dict[str, CheckResult] = field(default_factory=dict)
+    flags: dict[str, dict[str, str]] = field(default_factory=dict)  # rule -> {rule, message}
+    seen: list[_Seen] = field(default_factory=list)
+    integrity_ran: bool = False
+    first_ok: tuple[Case, Inputs, Execution] | None = None  # a correctness call that returned
+    speed: SpeedResult | None = None
+    errors: list[GraderError] = field(default_factory=list)
+
+    def flag(self, flag: integrity.Flag, case: Case | None = None) -> None:
+        where = f" (case {case.label})" if case is not None else ""
+        self.flags.setdefault(flag.rule, {"rule": flag.rule, "message": f"{flag.message}{where}"})
+
+
+class ExerciseJudge:
+    """Collects the verdicts of one exercise run, reply by reply (``on_reply``), then assembles the parts."""
+
+    def __init__(self, exercise: Exercise, *, device: str, student_dir: str, gpu_name: str | None = None):
+        self.exercise = exercise
+        self.device = device
+        self.student_dir = student_dir
+        self.gpu_name = gpu_name
+        self.parts = {p.name: _PartState() for p in exercise.parts}
+
+    # ------------------------------------------------------------------------------ one reply
+
+    def on_reply(self, item: Item, request: protocol.Request, reply: protocol.ItemReply) -> None:
+        state = self.parts[item.part.name]
+        try:
+            result = self._judge(item, request, reply, state)
+        except Exception as exc:  # a fault of the grader: never the student's failure
+            state.errors.append(grader_error(item.id, exc))
+            result = CheckResult(item.id, item.role, item.label, GRADER_ERROR, GRADER_FAULT,
+                                 item.case.to_dict() if item.case else None)
+            if item.role == "speed":
+                state.speed = SpeedResult(NEEDS_REGRADE, f"speed: {GRADER_FAULT}")
+        if result is not None:
+            state.checks[item.id] = result
+
+    def _judge(self, item: Item, request, reply, state: _PartState) -> CheckResult | None:
+        part, case = item.part, item.case
+        if item.role == "speed":
+            state.speed = self._speed(item, request, reply, state)
+            return None
+        if isinstance(reply, protocol.NotImplementedYet):
+            return self._check(item, False, f"not implemented: {reply.message}")
+        if isinstance(reply, protocol.Raised):
+            return self._check(item, False, f"{part.functions[0]} raised {reply.message}")
+        if item.role == "bad_input":
+            assert isinstance(reply, protocol.BadInputDone)
+            verdict = verdicts.bad_input(part.bad_inputs[item.index or 0], reply.outcome)
+            return self._check(item, verdict.passed, verdict.message)
+        if case is None:  # an extra check
+            assert isinstance(reply, protocol.ExtraDone)
+            extra = next(x for x in part.extra_checks if x.name == item.role)
+            verdict = extra.judge(reply.observation, self.device)
+            return self._check(item, verdict.passed, verdict.message)
+        assert isinstance(reply, protocol.CaseDone) and isinstance(request, protocol.RunCase)
+        inputs, ex = request.inputs, reply.execution
+        right = verdicts.correctness(part, case, inputs, ex, self.device)
+        if ex.outputs is not None and ex.error_kind is None:
+            state.seen.append(_Seen(item, output_fingerprint(ex.outputs), right.passed))
+        size = _size(inputs)
+        if item.role == "integrity":
+            verdict = verdicts.integrity_verdict(part, inputs, ex, student_dir=self.student_dir)
+            for flag in verdict.flags:
+                state.flag(flag, case)
+            state.integrity_ran = state.integrity_ran or ex.error_kind is None
+            return self._check(item, verdict.passed, verdict.message, size)
+        if item.role == "fresh":
+            return self._check(item, True, "", size)
+        if ex.error_kind is None:
+            if state.first_ok is None:
+                state.first_ok = (case, inputs, ex)
+            # The rules that cannot misfire on any correct kernel apply to every call.
+            for flag in verdicts.integrity_flags(part, inputs, ex, student_dir=self.student_dir):
+                if flag.rule != "own-kernel":
+                    state.flag(flag, case)
+        return self._check(item, right.passed, right.message, size)
+
+    @staticmethod
+    def _check(item: Item, passed: bool, message: str, size: int | None = None) -> CheckResult:
+        return CheckResult(item.id, item.role, item.label, PASSED if passed else FAILED, message,
+                           item.case.to_dict() if item.case else None, size)
+
+    def _speed(self, item: Item, request, reply, state: _PartState) -> SpeedResult:
+        part = item.part
+        if isinstance(reply, protocol.NotImplementedYet):
+            return SpeedResult("not measured", "not measured: not implemented")
+        if isinstance(reply, protocol.Raised):
+            return SpeedResult("failed", f"speed measurement raised {reply.message}", 0.0)
+        assert isinstance(reply, protocol.SpeedDone) and isinstance(request, protocol.RunSpeed)
+        measurement = reply.measurement
+        recheck = verdicts.Verdict(True)
+        if measurement.recheck is not None:
+            assert item.recheck is not None
+            verdict = verdicts.correctness(part, item.recheck, request.recheck_inputs or {}, measurement.recheck,
+                                           self.device)
+            if not verdict.passed:
+                recheck = verdicts.Verdict(False, "on fresh inputs after the timed runs, " + verdict.message)
+                state.flag(integrity.Flag("speed-recheck", "results must be computed on every call, not cached or "
+                                          "replayed — " + recheck.message))
+        try:
+            limits = credit.load_thresholds(measurement.gpu if self.device == "cuda" else None)
+        except thresholds.ThresholdsError as exc:
+            return SpeedResult(NEEDS_REGRADE, f"speed: the thresholds file is not usable: {exc}")
+        scored = credit.part_credit(part, measurement, recheck=recheck, thresholds=limits)
+        status = "failed" if measurement.error else "measured"
+        return SpeedResult(status, scored.message, scored.fraction, scored.rows, scored.calibrated,
+                           credit.roofline_of(limits))
+
+    # ------------------------------------------------------------------------------ assemble
+
+    def part_results(self, items: list[Item], run: Run) -> list[PartResult]:
+        out = []
+        for part in self.exercise.parts:
+            mine = [it for it in items if it.part is part]
+            try:
+                out.append(self._part(part, mine, run))
+            except Exception as exc:  # a fault of the grader while assembling the part
+                state = self.parts[part.name]
+                result = PartResult(part.name, NEEDS_REGRADE, GRADER_FAULT,
+                                    grader_errors=[*state.errors, grader_error(part.name, exc)])
+                out.append(result)
+        return out
+
+    def _no_speed(self, part: Part, reason: str | None = None) -> SpeedResult:
+        if not part.speed_graded:
+            return SpeedResult("not graded", "this part is not speed-graded")
+        if self.device != "cuda":
+            return SpeedResult("not measured", "not measured: speed points need a GPU (the kernels ran in the "
+                                               "Triton interpreter)")
+        return SpeedResult("not measured", reason or "not measured")
+
+    def _part(self, part: Part, items: list[Item], run: Run) -> PartResult:
+        state = self.parts[part.name]
+        if not run.loaded:
+            message = run.problems[0] if run.problems else "the worker did not start"
+            return PartResult(part.name, ERROR, message, speed=self._no_speed(part, "not measured: the module did "
+                                                                                     "not load"))
+        if part.name in run.load_errors:
+            err = run.load_errors[part.name]
+            return PartResult(part.name, NOT_SUBMITTED if err.kind == "missing" else ERROR, err.message,
+                              speed=self._no_speed(part, "not measured: the module did not load"))
+        sent = [it for it in items if it.skip_reason is None]
+        first = next((it for it in sent if it.id in run.replies or it.id in run.not_run), None)
+        if first is not None and (first.id in run.not_run or _is_not_implemented(run.replies[first.id])):
+            names = " / ".join(part.functions)
+            return PartResult(part.name, NOT_IMPLEMENTED,
+                              f"{names} is not implemented yet — see {self.exercise.handout}",
+                              speed=self._no_speed(part, "not measured: not implemented"))
+        result = PartResult(part.name, GRADED)
+        for it in items:
+            if it.role == "speed":
+                continue
+            if it.skip_reason is not None:
+                result.checks.append(CheckResult(it.id, it.role, it.label, SKIPPED, it.skip_reason,
+                                                 it.case.to_dict() if it.case else None))
+            elif it.id in state.checks:
+                result.checks.append(state.checks[it.id])
+            else:
+                why = run.failed.get(it.id) or run.not_run.get(it.id) or "not run"
+                result.checks.append(CheckResult(it.id, it.role, it.label, FAILED, why,
+                                                 it.case.to_dict() if it.case else None))
+        self._replays(part, state)
+        if not state.integrity_ran and state.first_ok is not None:
+            case, inputs, ex = state.first_ok
+            for flag in verdicts.integrity_verdict(part, inputs, ex, student_dir=self.student_dir).flags:
+                state.flag(flag, case)
+            state.integrity_ran = True
+        if not state.integrity_ran:
+            result.checks.append(CheckResult(f"{part.name}.integrity[unchecked]", "integrity", "integrity", FAILED,
+                                             f"{part.functions[0]} could not be checked: no call returned normally"))
+        result.flags = list(state.flags.values())
+        speed_item = next((it for it in items if it.role == "speed"), None)
+        if state.speed is not None:
+            result.speed = state.speed
+        elif speed_item is not None and speed_item.id in run.failed:
+            result.speed = SpeedResult("failed", f"speed measurement failed: {run.failed[speed_item.id]}", 0.0)
+        else:
+            result.speed = self._no_speed(part)
+        result.grader_errors = list(state.errors)
+        if result.grader_errors:
+            result.status = NEEDS_REGRADE
+        return result
+
+    def _replays(self, part: Part, state: _PartState) -> None:
+        """A wrong output that is bit for bit the right output of an earlier call on other inputs: a cached or
+        replayed result. (A kernel that is merely wrong, or constant, is left to the correctness checks.)"""
+        right_before: dict[bytes, Case] = {}
+        for seen in state.seen:
+            case = seen.item.case
+            assert case is not None
+            if seen.right:
+                right_before.setdefault(seen.fingerprint, case)
+            elif seen.fingerprint in right_before:
+                earlier = right_before[seen.fingerprint]
+                state.flags.setdefault("fresh-inputs", {
+                    "rule": "fresh-inputs",
+                    "message": f"{part.functions[0]} returned, for new inputs ({case.label}, seed {case.seed}), "
+                               f"exactly the output of an earlier call on other inputs (seed {earlier.seed}) — a "
+                               "cached or replayed result; compute it from the inputs on every call",
+                })
+                return
+
+
+def _is_not_implemented(reply: protocol.ItemReply) -> bool:
+    if isinstance(reply, protocol.NotImplementedYet):
+        return True
+    return isinstance(reply, protocol.CaseDone) and reply.execution.error_kind == "not_implemented"

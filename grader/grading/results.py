@@ -1,0 +1,170 @@
+"""What grading one exercise produces, as typed records with ``to_dict`` / ``from_dict`` (the results are
+stored as JSON in the output folder, so a batch can be resumed, regraded and reported on later).
+
+Statuses:
+
+* a check: "passed", "failed", "skipped" (not run on this device: the reason is the message) or
+  "grader error" (the grader failed while judging it: never the student's failure);
+* a part: "graded", "not implemented", "not submitted", "error" (the module cannot be used) or
+  "needs regrade" (a grader error touched it: it is neither scored 0 nor counted as passed);
+* speed: "measured", "not measured" (no GPU, not reached), "not graded" (the part has no speed points),
+  "failed" (no credit: an error) or "needs regrade".
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+PASSED, FAILED, SKIPPED, GRADER_ERROR = "passed", "failed", "skipped", "grader error"
+GRADED, NOT_IMPLEMENTED, NOT_SUBMITTED, ERROR, NEEDS_REGRADE = (
+    "graded", "not implemented", "not submitted", "error", "needs regrade")
+
+CORRECTNESS_ROLES = ("example", "random", "bad_input")
+INTEGRITY_ROLES = ("integrity", "fresh")
+
+
+@dataclass
+class GraderError:
+    """An exception on the grader's side (judging, comparing, scoring, reporting): the traceback is for staff."""
+
+    where: str  # the check id, part or step
+    error: str  # "TypeError: ..." (one line)
+    traceback: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> GraderError:
+        return cls(**data)
+
+
+@dataclass
+class CheckResult:
+    """One graded check: a correctness case, a bad input, an integrity case, an extra check, ..."""
+
+    id: str  # the plan item's id, e.g. "forward.examples[shape=1021-...]", "forward.random[3]"
+    role: str  # "example" | "random" | "integrity" | "fresh" | "bad_input" | an extra check's name
+    label: str
+    status: str  # PASSED | FAILED | SKIPPED | GRADER_ERROR
+    message: str = ""
+    case: dict | None = None
+    size: int | None = None  # elements in the inputs: the smallest failing case is shown first
+
+    @property
+    def passed(self) -> bool:
+        return self.status == PASSED
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CheckResult:
+        return cls(**data)
+
+
+@dataclass
+class SpeedResult:
+    status: str  # "measured" | "not measured" | "not graded" | "failed" | NEEDS_REGRADE
+    message: str = ""
+    fraction: float | None = None  # credit in [0, 1] where measured (0 where failed)
+    rows: list[dict[str, Any]] = field(default_factory=list)  # per benchmark, as grader.speed.credit makes them
+    calibrated: bool = False
+    roofline: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SpeedResult:
+        return cls(**data)
+
+
+@dataclass
+class PartResult:
+    name: str
+    status: str  # GRADED | NOT_IMPLEMENTED | NOT_SUBMITTED | ERROR | NEEDS_REGRADE
+    message: str = ""
+    checks: list[CheckResult] = field(default_factory=list)
+    flags: list[dict[str, str]] = field(default_factory=list)  # {"rule", "message"}; any flag zeroes the part
+    speed: SpeedResult = field(default_factory=lambda: SpeedResult("not graded"))
+    grader_errors: list[GraderError] = field(default_factory=list)
+
+    def of_roles(self, *roles: str) -> list[CheckResult]:
+        return [c for c in self.checks if c.role in roles and c.status != SKIPPED]
+
+    @property
+    def correctness(self) -> list[CheckResult]:
+        return self.of_roles(*CORRECTNESS_ROLES)
+
+    @property
+    def integrity(self) -> list[CheckResult]:
+        return self.of_roles(*INTEGRITY_ROLES)
+
+    @property
+    def skipped(self) -> list[CheckResult]:
+        return [c for c in self.checks if c.status == SKIPPED]
+
+    @property
+    def passed_cases(self) -> int:
+        return sum(c.passed for c in self.correctness)
+
+    @property
+    def needs_regrade(self) -> bool:
+        return self.status == NEEDS_REGRADE
+
+    def first_failure(self) -> CheckResult | None:
+        failing = [c for c in self.correctness if c.status == FAILED]
+        return min(failing, key=lambda c: (c.size is None, c.size or 0)) if failing else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "speed": self.speed.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PartResult:
+        data = dict(data)
+        data["checks"] = [CheckResult.from_dict(c) for c in data.get("checks", [])]
+        data["speed"] = SpeedResult.from_dict(data["speed"])
+        data["grader_errors"] = [GraderError.from_dict(e) for e in data.get("grader_errors", [])]
+        return cls(**data)
+
+
+@dataclass
+class ExerciseResult:
+    exercise: str
+    title: str
+    status: str  # GRADED | NOT_SUBMITTED | NOT_IMPLEMENTED | ERROR | NEEDS_REGRADE
+    message: str = ""
+    parts: list[PartResult] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # crashes, time-outs, malformed results
+    grader_errors: list[GraderError] = field(default_factory=list)  # not tied to one part
+    log: str = ""  # the worker's captured stdout/stderr
+    elapsed_s: float = 0.0
+    profile: dict[str, float] = field(default_factory=dict)  # seconds per step (grader grade --profile)
+    device: dict[str, Any] = field(default_factory=dict)  # where it ran: {"kind", "name", "index", "uuid"}
+
+    @property
+    def needs_regrade(self) -> bool:
+        return bool(self.grader_errors) or any(p.needs_regrade for p in self.parts)
+
+    def regrade_parts(self) -> list[str]:
+        """The parts a regrade must run again (all of them after an exercise-level grader error)."""
+        if self.grader_errors:
+            return [p.name for p in self.parts]
+        return [p.name for p in self.parts if p.needs_regrade]
+
+    def all_grader_errors(self) -> list[GraderError]:
+        return self.grader_errors + [e for p in self.parts for e in p.grader_errors]
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["parts"] = [p.to_dict() for p in self.parts]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ExerciseResult:
+        data = dict(data)
+        data["parts"] = [PartResult.from_dict(p) for p in data.get("parts", [])]
+        data["grader_errors"] = [GraderError.from_dict(e) for e in data.get("grader_errors", [])]
+        return cls(**data)

@@ -1,0 +1,107 @@
+"""The output folder of a grading run, and the only code that knows its layout::
+
+    OUT/run.json                         the run's settings (never the secret)
+    OUT/secret.txt                       the generated secret (mode 600), when none was given
+    OUT/grades.csv                       the gradebook
+    OUT/staff/grader-errors.log          tracebacks of the grader's own faults
+    OUT/students/<id>/                   one folder per student (ids cannot collide with the files above)
+        report.md, report.html           the student's report
+        results.json                     Gradescope's format
+        details.json                     everything, for the instructor
+        logs/<exercise>.log              the worker's captured output
+        submission.json                  where the submission came from
+        state/<exercise>.json            the exercise's typed result: what a regrade or a report is built from
+
+Every file is written atomically (a temporary file in the same folder, then a rename), so an interrupted
+run leaves whole files only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from grader.grading.results import ExerciseResult
+
+RUN_FILE, SECRET_FILE, GRADEBOOK = "run.json", "secret.txt", "grades.csv"
+STUDENTS, STAFF = "students", "staff"
+
+
+def write_atomic(path: Path, text: str, *, mode: int = 0o644) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def student_dir(out: Path, student: str) -> Path:
+    return out / STUDENTS / student
+
+
+def save_exercise(out: Path, student: str, result: ExerciseResult) -> None:
+    write_atomic(student_dir(out, student) / "state" / f"{result.exercise}.json",
+                 json.dumps(result.to_dict(), indent=1, default=str) + "\n")
+
+
+def load_exercises(out: Path, student: str) -> dict[str, ExerciseResult]:
+    folder = student_dir(out, student) / "state"
+    found = {}
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        result = ExerciseResult.from_dict(json.loads(path.read_text()))
+        found[result.exercise] = result
+    return found
+
+
+def save_submission(out: Path, student: str, data: dict[str, Any]) -> None:
+    write_atomic(student_dir(out, student) / "submission.json", json.dumps(data, indent=1) + "\n")
+
+
+def load_submission(out: Path, student: str) -> dict[str, Any]:
+    return json.loads((student_dir(out, student) / "submission.json").read_text())
+
+
+def students(out: Path) -> list[str]:
+    folder = out / STUDENTS
+    return sorted(p.name for p in folder.iterdir() if (p / "submission.json").is_file()) if folder.is_dir() else []
+
+
+def write_run(out: Path, data: dict[str, Any]) -> None:
+    write_atomic(out / RUN_FILE, json.dumps(data, indent=2) + "\n")
+
+
+def read_run(out: Path) -> dict[str, Any]:
+    return json.loads((out / RUN_FILE).read_text())
+
+
+def write_secret(out: Path, secret: str) -> None:
+    write_atomic(out / SECRET_FILE, secret + "\n", mode=0o600)
+
+
+def read_secret(out: Path) -> str | None:
+    path = out / SECRET_FILE
+    return path.read_text().strip() if path.is_file() else None
+
+
+def log_grader_errors(out: Path, student: str, result: ExerciseResult) -> None:
+    """Append the exercise's grader faults, with their tracebacks, to the staff log."""
+    errors = result.all_grader_errors()
+    if not errors:
+        return
+    path = out / STAFF / "grader-errors.log"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    with open(path, "a", encoding="utf-8") as f:
+        for error in errors:
+            f.write(f"=== {stamp} {student} {result.exercise} {error.where}: {error.error}\n{error.traceback}\n")

@@ -1,0 +1,339 @@
+"""Run a planned exercise in sandboxed workers, one item at a time.
+
+The grader starts a worker (:mod:`grader.grading.worker`) in its own process group with two pipes of its
+own, sends the job, then one request per item and waits for the reply, within a limit per call (the
+``call_timeout_s``, plus the timing budget for speed) and for the whole exercise (``timeout_s``). While the
+worker runs an item, the grader judges the previous reply (``on_reply``) and builds the next item's inputs,
+so its CPU work overlaps the worker's.
+
+A worker that crashes, overruns a limit or sends something that is not a message is stopped (its whole
+process group), the item it was running fails with the reason, and a new worker goes on with the items not
+reached: once, and again (at most ``max_restarts`` times) only while the restarts make progress. A crash
+while importing the module, a malformed message and the exercise's time limit end the run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from grader.checks.spec import Exercise
+from grader.grading import channel, protocol, sandbox
+from grader.grading.config import RunSettings
+from grader.grading.plan import Item
+
+MB = 1 << 20
+GRACE_S = 10.0  # beyond a call's limit: moving its inputs and outputs, and the worker's own watchdog
+STDERR_TAIL_LINES = 15
+_NOISE = ("Extension modules:", '  File "<frozen runpy>"', '  File "<string>"', "Current thread 0x",
+          "Thread 0x", "Timeout (")
+
+# Runs the worker with only the grader package importable: a private directory holding a link to it
+# goes first on sys.path, and -I keeps out the working directory, PYTHONPATH and the user site (and every
+# PYTHON* variable: -u keeps its prints unbuffered, so a worker that is stopped loses none of them).
+_BOOT = (
+    "import sys; sys.path.insert(0, sys.argv[1]); del sys.argv[1]; import runpy; "
+    "runpy.run_module('grader.grading.worker', run_name='__main__', alter_sys=True)"
+)
+
+
+@dataclass
+class Run:
+    """What the workers did with a plan: a reply per item, or why there is none."""
+
+    replies: dict[str, protocol.ItemReply] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)  # item id -> why it has no reply
+    not_run: dict[str, str] = field(default_factory=dict)  # item id -> why it was not sent (not implemented, ...)
+    loaded: bool = False
+    load_errors: dict[str, protocol.LoadFailure] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    logs: list[str] = field(default_factory=list)
+    profile: dict[str, float] = field(default_factory=dict)  # seconds per step
+
+    def add_time(self, step: str, seconds: float) -> None:
+        self.profile[step] = self.profile.get(step, 0.0) + seconds
+
+
+def package_link(workdir: Path) -> Path:
+    """A directory whose only entry is a link to the grader package (never the repository root)."""
+    import grader
+
+    link_dir = workdir / "pkg"
+    link = link_dir / "grader"
+    if not link.exists():
+        link_dir.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            link.symlink_to(Path(grader.__file__).resolve().parent, target_is_directory=True)
+    return link_dir
+
+
+class _Ended(Exception):
+    """The worker is gone (crashed, stopped, or sent garbage); ``why`` says how."""
+
+    def __init__(self, why: str, outcome: sandbox.Outcome | None = None):
+        super().__init__(why)
+        self.why = why
+        self.outcome = outcome
+
+
+class _Worker:
+    """One worker process and its two pipes."""
+
+    def __init__(self, settings: RunSettings, scratch: Path, cache_dir: Path | None, extra_fields: dict):
+        self.settings = settings
+        self.extra_fields = extra_fields
+        req_r, self._req_w = os.pipe()
+        self._rep_r, rep_w = os.pipe()
+        cwd = Path(tempfile.mkdtemp(prefix="run-", dir=scratch))
+        env = sandbox.minimal_env({"GRADER_DEVICE": settings.device, **settings.env}, home=str(cwd))
+        if cache_dir is not None:  # compiled kernels are shared by one submission's workers, never across students
+            env["TRITON_CACHE_DIR"] = str(cache_dir)
+        if settings.device == "cpu":
+            env["TRITON_INTERPRET"] = "1"
+        argv = [sys.executable, "-I", "-u", "-c", _BOOT, str(package_link(settings.workdir)),
+                "--requests-fd", str(req_r), "--fd", str(rep_w), "--file-mb", str(settings.result_cap_mb)]
+        if settings.memory_mb and settings.device != "cuda":  # CUDA needs a huge address space: see sandbox.py
+            argv += ["--memory-mb", str(settings.memory_mb)]
+        rss = settings.memory_mb * MB if settings.memory_mb else None
+        try:
+            self.process = sandbox.Process(argv, cwd=str(cwd), env=env, rss_limit_bytes=rss,
+                                           output_cap=settings.output_cap, pass_fds=(req_r, rep_w))
+        finally:
+            os.close(req_r)
+            os.close(rep_w)
+        self._replies: queue.Queue = queue.Queue()
+        self._writes: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        threading.Thread(target=self._write, daemon=True).start()
+        self.outcome: sandbox.Outcome | None = None
+
+    def _read(self) -> None:
+        with os.fdopen(self._rep_r, "rb", buffering=0) as stream:
+            while True:
+                try:
+                    record = channel.read_record(stream, max_bytes=self.settings.result_cap_mb * MB)
+                except channel.ChannelError as exc:
+                    self._replies.put(exc)
+                    return
+                except OSError:
+                    record = None
+                if record is None:
+                    self._replies.put(None)
+                    return
+                try:
+                    self._replies.put(protocol.decode(record, extra_fields=self.extra_fields))
+                except protocol.ProtocolError as exc:
+                    self._replies.put(exc)
+                    return
+
+    def _write(self) -> None:
+        while (record := self._writes.get()) is not None:
+            try:
+                channel.write_record(self._req_w, record)
+            except OSError:  # the worker is gone: its reply queue says how
+                break
+        with contextlib.suppress(OSError):
+            os.close(self._req_w)
+
+    def send(self, message) -> None:
+        self._writes.put(protocol.encode(message))
+
+    def receive(self, deadline: float, limit_text: str):
+        """The next reply; raises _Ended if the worker ends, sends garbage, or misses ``deadline``."""
+        try:
+            reply = self._replies.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            outcome = self.stop(timed_out=True)
+            raise _Ended(limit_text, outcome) from None
+        if isinstance(reply, Exception):
+            outcome = self.stop()
+            raise _Ended(f"the worker sent a malformed result: {reply}", outcome)
+        if reply is None:  # the worker closed its channel: it exited or was killed
+            self.process.wait(5.0)
+            outcome = self.stop()
+            raise _Ended(_why_ended(outcome, self.settings), outcome)
+        return reply
+
+    def stop(self, *, timed_out: bool = False) -> sandbox.Outcome:
+        if self.outcome is None:
+            self._writes.put(None)
+            self.outcome = self.process.stop(timed_out=timed_out)
+        return self.outcome
+
+    def finish(self) -> sandbox.Outcome:
+        self.send(protocol.Finish())
+        self.process.wait(10.0)
+        return self.stop()
+
+
+def _why_ended(outcome: sandbox.Outcome, settings: RunSettings) -> str:
+    if outcome.returncode == 1 and "Timeout (" in outcome.stderr.text():  # the worker's own watchdog
+        return f"took longer than the {settings.call_timeout_s:g} s allowed for one call (stopped)"
+    if outcome.timed_out:
+        return f"timed out after {settings.timeout_s:g} s (the process group was killed)"
+    if outcome.memory_exceeded:
+        return f"used more than {settings.memory_mb} MB of memory (the process group was killed)"
+    if outcome.signal_name:
+        return f"crashed with {outcome.signal_name}"
+    return f"exited early (exit code {outcome.returncode})"
+
+
+def _stderr_tail(outcome: sandbox.Outcome, grader_dir: str) -> str:
+    """The end of the worker's stderr without the grader's own frames (a faulthandler dump keeps the
+    student's frames and the "Fatal Python error" line)."""
+    lines = [line for line in outcome.stderr.text().rstrip().splitlines()
+             if line.strip() and not line.startswith(_NOISE) and grader_dir not in line]
+    return "\n".join(lines[-STDERR_TAIL_LINES:])
+
+
+def _log_text(outcome: sandbox.Outcome, attempt: int) -> str:
+    head = f"--- worker run {attempt + 1}: {outcome.elapsed_s:.1f} s"
+    if outcome.leftover_killed:
+        head += f"; killed {outcome.leftover_killed} process(es) it left running"
+    return f"{head}\n[stdout]\n{outcome.stdout.text()}\n[stderr]\n{outcome.stderr.text()}"
+
+
+def describe(item: Item | None, exercise: Exercise) -> str:
+    if item is None:
+        return f"importing {exercise.module}.py"
+    what = {"example": "example case", "random": "random case", "integrity": "integrity case",
+            "fresh": "fresh-input case", "bad_input": "bad-input check", "speed": "the speed measurement"}
+    text = f"running the {item.part.name} {what.get(item.role, item.role + ' check')}"
+    return text + (f" {item.case.label}" if item.case is not None else "")
+
+
+def _request(item: Item) -> protocol.Request:
+    if item.role == "bad_input":
+        return protocol.RunBadInput(item.id, item.part.name, int(item.index or 0))
+    if item.role == "speed":
+        return protocol.RunSpeed(item.id, item.part.name, item.budget_s, item.recheck_inputs())
+    if item.case is None:
+        return protocol.RunExtra(item.id, item.part.name, item.role)
+    return protocol.RunCase(item.id, item.part.name, item.inputs(), item.full)
+
+
+def _not_implemented(reply: protocol.ItemReply) -> str | None:
+    if isinstance(reply, protocol.NotImplementedYet):
+        return reply.message
+    if isinstance(reply, protocol.CaseDone) and reply.execution.error_kind == "not_implemented":
+        return reply.execution.error or ""
+    return None
+
+
+def run(exercise: Exercise, root: Path, items: list[Item], settings: RunSettings, *, scratch: Path,
+        cache_dir: Path | None = None,
+        on_reply: Callable[[Item, protocol.Request, protocol.ItemReply], None] | None = None) -> Run:
+    """Run ``items`` (the skipped ones excepted) and return every reply, or why there is none. ``on_reply``
+    sees each item's request and reply while the worker runs the next item."""
+    result = Run()
+    deadline = time.monotonic() + settings.timeout_s
+    extra_fields = {it.id: dict(x.fields) for it in items for x in it.part.extra_checks if x.name == it.role}
+    grader_dir = str(package_link(settings.workdir) / "grader")
+    remaining = [it for it in items if it.skip_reason is None]
+    not_implemented: dict[str, str] = {}  # part.missing_key -> message
+    attempt = 0
+    judge_next: list[tuple[Item, protocol.Request, protocol.ItemReply]] = []
+
+    def judge_pending() -> None:
+        while judge_next:
+            item, request, reply = judge_next.pop(0)
+            if on_reply is not None:
+                start = time.monotonic()
+                on_reply(item, request, reply)
+                result.add_time("judge (grader)", time.monotonic() - start)
+
+    while remaining:
+        if deadline - time.monotonic() <= 0.5:
+            for it in remaining:
+                result.failed.setdefault(it.id, f"not run: the {settings.timeout_s:g} s time limit was used up")
+            break
+        started = time.monotonic()
+        worker = _Worker(settings, scratch, cache_dir, extra_fields)
+        current: Item | None = None
+        progress = 0
+        limit = f"timed out after {settings.timeout_s:g} s (the process group was killed)"
+        try:
+            worker.receive(min(deadline, time.monotonic() + settings.call_timeout_s + GRACE_S), limit)  # Hello
+            result.add_time("worker start", time.monotonic() - started)
+            loading = time.monotonic()
+            worker.send(protocol.Job(exercise.name, str(root), settings.device, settings.call_timeout_s))
+            loaded = worker.receive(min(deadline, time.monotonic() + settings.call_timeout_s + GRACE_S), limit)
+            if not isinstance(loaded, protocol.Loaded):
+                raise _Ended("the worker sent a malformed result: expected the loaded message")
+            result.add_time("import the module", time.monotonic() - loading)
+            result.loaded = True
+            result.load_errors = dict(loaded.errors)
+            queue_ = list(remaining)
+            while queue_:
+                item = queue_.pop(0)
+                if item.part.name in result.load_errors:
+                    result.not_run[item.id] = "the module did not load"
+                    continue
+                if item.part.missing_key in not_implemented:
+                    result.not_run[item.id] = f"not implemented: {not_implemented[item.part.missing_key]}"
+                    continue
+                request = _request(item)
+                current, sent = item, time.monotonic()
+                worker.send(request)
+                judge_pending()  # judge the previous reply while the worker runs this item
+                per_call = settings.call_timeout_s + item.budget_s + GRACE_S
+                call_text = (f"took longer than the {settings.call_timeout_s + item.budget_s:g} s allowed for one "
+                             "call (stopped)")
+                call_deadline = time.monotonic() + per_call
+                reply = worker.receive(min(deadline, call_deadline), call_text if call_deadline < deadline else limit)
+                if getattr(reply, "id", None) != item.id:
+                    raise _Ended(f"the worker sent a malformed result: a reply for {getattr(reply, 'id', '?')!r} "
+                                 f"while running {item.id!r}")
+                result.add_time(_step(item), time.monotonic() - sent)
+                current = None
+                result.replies[item.id] = reply
+                progress += 1
+                message = _not_implemented(reply)
+                if message is not None:
+                    not_implemented.setdefault(item.part.missing_key, message)
+                judge_next.append((item, request, reply))
+            remaining = []
+            outcome = worker.finish()
+            result.logs.append(_log_text(outcome, attempt))
+        except _Ended as ended:
+            outcome = ended.outcome or worker.stop()
+            result.logs.append(_log_text(outcome, attempt))
+            where = describe(current, exercise) if (current or not result.loaded) else "between checks"
+            message = f"{ended.why} while {where}"
+            tail = _stderr_tail(outcome, grader_dir)
+            if tail and not outcome.timed_out and attempt == 0:  # restarts usually repeat the same story
+                label = "where it was" if "took longer" in ended.why else "last lines of its stderr"
+                message += f"\n{label}:\n{tail}"
+            result.problems.append(message)
+            if current is not None:
+                result.failed[current.id] = message
+            done = set(result.replies) | set(result.failed) | set(result.not_run)
+            pending = [it for it in remaining if it.id not in done]
+            # Restart for the items not reached: once, and again only while the restarts make progress
+            # (a crash on one case costs that case; code that crashes on every call is not run over and over).
+            stuck = attempt > 0 and progress == 0
+            fatal = not result.loaded or "malformed" in ended.why or time.monotonic() >= deadline - 0.5
+            if fatal or stuck or attempt >= settings.max_restarts:
+                for it in pending:
+                    result.failed.setdefault(it.id, f"not run: {message.splitlines()[0]}")
+                remaining = []
+            else:
+                remaining = pending
+                attempt += 1
+        finally:
+            worker.stop()
+    judge_pending()
+    return result
+
+
+def _step(item: Item) -> str:
+    return {"example": "examples", "random": "random cases", "integrity": "integrity", "fresh": "integrity",
+            "bad_input": "bad inputs", "speed": "speed"}.get(item.role, f"{item.role} check")

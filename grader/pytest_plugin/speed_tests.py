@@ -1,0 +1,99 @@
+"""Speed tests (marker ``speed``), one per benchmark of a speed-graded part: ``test_<part>_speed[<label>]``.
+CUDA only; on a CPU they are skipped with the reason.
+
+A speed test
+
+1. times the student's kernel against the part's speed baseline, interleaved (:mod:`grader.speed.measure`;
+   every timed output is re-checked) — the one timing, and what is graded;
+2. gives pytest-benchmark the student's samples of that measurement (replayed through its timer, with no
+   second timing), so the usual table, ``--benchmark-json``, ``--benchmark-autosave`` and
+   ``--benchmark-compare`` show the device time that was graded;
+3. calls the kernel once more on fresh inputs and checks the result against the float64 reference
+   (in the test of the part's first benchmark: that reference is computed on the CPU);
+4. fails below full credit, with the measured and required times, the ratio to the baseline, the
+   achieved bandwidth/throughput and what usually causes the gap.
+"""
+
+from __future__ import annotations
+
+import random
+from functools import cache
+
+import pytest
+
+from grader.checks import verdicts
+from grader.checks.spec import Benchmark, Exercise, Part
+from grader.speed import credit, measure, thresholds, timing
+
+BUDGET_S = 2.0  # seconds of interleaved timing per benchmark (it usually converges sooner)
+
+
+@cache
+def _thresholds() -> thresholds.Thresholds | None:
+    return credit.load_thresholds()
+
+
+class SampleReplayTimer:
+    """A pytest-benchmark timer that hands back samples already measured: each ``before, after`` pair of
+    calls is one sample apart, so pedantic mode on an empty target records exactly those samples."""
+
+    def __init__(self) -> None:
+        self.__name__ = "device time (graded measurement)"  # pytest-benchmark prints the timer's name
+        self._samples_s: list[float] = []
+        self._now = 0.0
+        self._started = False
+
+    def load(self, samples_ms: list[float]) -> None:
+        self._samples_s = [ms / 1e3 for ms in samples_ms]
+
+    def __call__(self) -> float:
+        if self._started:
+            self._now += self._samples_s.pop(0)
+        self._started = not self._started
+        return self._now
+
+
+def speed_test(exercise: Exercise, part: Part):
+    timer = SampleReplayTimer()
+
+    @pytest.mark.speed
+    @pytest.mark.benchmark(group=f"{exercise.name} {part.name}", timer=timer, disable_gc=False, warmup=False)
+    @pytest.mark.parametrize("bench", part.benchmarks, ids=[b.label for b in part.benchmarks])
+    def test(grader_session, request, benchmark, bench: Benchmark):
+        if not grader_session.mode.is_cuda:
+            pytest.skip(measure.CPU_REASON)
+        module = grader_session.ready(exercise, part, request.node.path)
+        try:
+            limits = _thresholds()
+        except thresholds.ThresholdsError as exc:
+            pytest.fail(str(exc), pytrace=False)
+
+        samples: list[float] = []
+        row = measure.measure_benchmark(part, module, bench, device="cuda", budget_s=BUDGET_S, samples=samples)
+        if row.error:
+            pytest.fail(f"{exercise.name} {part.name} speed on {bench.label}: {row.error}", pytrace=False)
+        timer.load(samples)
+        benchmark.pedantic(lambda: None, rounds=len(samples), iterations=1, warmup_rounds=0)
+
+        if bench.label == part.benchmarks[0].label:  # its float64 reference runs on the CPU: the first size only
+            seed = random.SystemRandom().getrandbits(62)
+            verdict = verdicts.run_case(part, module, measure.recheck_case(part, seed), "cuda")
+            if not verdict.passed:
+                pytest.fail(f"after the timed runs, on fresh inputs (secret seed {seed}): {verdict.message}",
+                            pytrace=False)
+
+        roofline = timing.roofline([bench.case.get("dtype")] if bench.flops else [])
+        threshold, source = credit.resolve_threshold(part, bench.label, limits)
+        result = credit.benchmark_credit(row, bench.label, credit.benchmark_work(part, bench), threshold, source,
+                                         roofline)
+        score = credit.summarize([result], roofline, grader_session.mode.gpu_name or "?", limits,
+                                 verdicts.Verdict(True))
+        benchmark.extra_info.update({k: result.get(k) for k in (
+            "baseline", "baseline_ms", "student_ms", "ratio", "required_full", "required_partial", "credit",
+            "gbps", "tflops", "pct_roofline", "threshold")})
+        if score.fraction < 1.0:
+            pytest.fail(f"{exercise.name} {part.name} is too slow — {score.message}", pytrace=False)
+
+    test.__doc__ = (f"{exercise.title} ({part.name}): speed against {part.speed_baseline} on the GPU "
+                    f"(pytest-benchmark table in device time)")
+    return test

@@ -1,0 +1,221 @@
+"""Measuring a part's speed: the half of speed grading that runs where the student's module is imported
+(the grader's worker, pytest, ``grader bench``, ``grader calibrate``).
+
+For every :class:`~grader.checks.spec.Benchmark` of a part, :func:`measure_benchmark` times the student's
+``part.call`` and the baselines interleaved (:mod:`grader.speed.timing`) and re-checks the output of every
+timed call. :func:`measure_part` does that for all benchmarks of a part and then calls the student's code
+once more on inputs it was handed (the grader draws them from a secret seed), so a result cached from
+the timed runs is caught. The outcome is a :class:`SpeedMeasurement` of plain data; the credit is computed
+from it by :mod:`grader.speed.credit`, which never imports student code.
+
+On a CPU nothing is timed: the kernels run in the Triton interpreter, whose speed says nothing about the GPU.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from dataclasses import asdict, dataclass, field
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from grader.checks.cases import mixed_seed
+from grader.checks.execute import Execution, device_inputs, execute, student_traceback, type_summary
+from grader.checks.spec import Benchmark, Case, Inputs, Part
+from grader.speed import timing
+
+CPU_REASON = "speed tests need a CUDA GPU: kernels are running in the Triton interpreter"
+STUDENT = "student"  # the student's candidate in measurements
+
+
+@dataclass
+class BenchmarkTiming:
+    """One benchmark as measured: every candidate's time statistics (ms), or why there are none."""
+
+    label: str
+    times: dict[str, timing.Stats] = field(default_factory=dict)  # candidate -> statistics
+    mode: str = ""  # "events" or "graph"
+    stop: str = ""  # why the rounds stopped
+    rounds: int = 0
+    notes: list[str] = field(default_factory=list)
+    error: str | None = None  # no credit: what went wrong
+    not_implemented: bool = False
+    failed_baseline: str | None = None  # the baseline that raised (grader bench drops it and measures again)
+
+    def median(self, name: str) -> float | None:
+        stats = self.times.get(name)
+        return stats.median if stats else None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["times"] = {name: stats.to_dict() for name, stats in self.times.items()}
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BenchmarkTiming:
+        data = dict(data)
+        data["times"] = {name: timing.Stats.from_dict(stats) for name, stats in data.get("times", {}).items()}
+        return cls(**data)
+
+
+@dataclass
+class SpeedMeasurement:
+    """A part's speed as measured in the student's process: plain data for the credit to judge."""
+
+    gpu: str
+    benchmarks: list[BenchmarkTiming] = field(default_factory=list)
+    recheck: Execution | None = None  # the call on fresh inputs after the timed runs (None: not reached)
+
+    @property
+    def error(self) -> str | None:
+        return next((b.error for b in self.benchmarks if b.error), None)
+
+
+def grading_baselines(part: Part) -> list[str]:
+    """Baselines timed when grading: the speed baseline, and the device copy when declared (it
+    shows in the report what the bandwidth allows)."""
+    names = [part.speed_baseline] if part.speed_baseline else []
+    if "copy" in part.baselines and "copy" not in names:
+        names.append("copy")
+    return names
+
+
+_INPUTS: OrderedDict[str, Inputs] = OrderedDict()
+_INPUTS_KEPT = 12
+
+
+def cpu_inputs(part: Part, case: Case) -> Inputs:
+    """``part.make_inputs(case)``, remembered for a few cases: benchmark inputs are large and
+    building them on the CPU takes seconds."""
+    key = f"{id(part)}:{json.dumps(case.to_dict(), sort_keys=True, default=str)}"
+    if key in _INPUTS:
+        _INPUTS.move_to_end(key)
+        return _INPUTS[key]
+    inputs = part.make_inputs(case)
+    _INPUTS[key] = inputs
+    while len(_INPUTS) > _INPUTS_KEPT:
+        _INPUTS.popitem(last=False)
+    return inputs
+
+
+def input_sets(part: Part, bench: Benchmark, sets: int = 2) -> list[Inputs]:
+    """The benchmark's inputs for seeds ``case.seed, case.seed + 1, ...`` (CPU)."""
+    return [cpu_inputs(part, bench.case.with_seed(bench.case.seed + i)) for i in range(sets)]
+
+
+def output_checker(part: Part, case: Case, device: str):
+    """A ``check(output, set_index)`` for :class:`timing.Candidate`: the first output for each
+    input set is remembered; later outputs for that set must match it within the part's tolerance,
+    and the results for two different input sets must differ (else: a cached result)."""
+    expected: dict[int, dict[str, torch.Tensor]] = {}
+    function = part.functions[0]
+
+    def check_output(output: Any, index: int) -> str | None:
+        if not isinstance(output, dict) or not all(isinstance(v, torch.Tensor) for v in output.values()):
+            return f"{function} returned {type_summary(output)}, expected tensors"
+        if index not in expected:
+            first = expected.get(0)
+            if first is not None and all(
+                k in output and output[k].shape == v.shape and output[k].dtype == v.dtype and torch.equal(output[k], v)
+                for k, v in first.items()
+            ):
+                return (f"{function} returned the same result for two different inputs of the benchmark — a result "
+                        "cached from an earlier call? Speed is only measured for code that computes on every call")
+            expected[index] = {k: v.detach().clone() for k, v in output.items()}
+            return None
+        for name, want in expected[index].items():
+            got = output.get(name)
+            if got is None or got.shape != want.shape or got.dtype != want.dtype:
+                return f"{function}'s output {name!r} in a timed run has the wrong shape or dtype"
+            tol = part.tolerance(name, case.dtype, device)
+            if not bool(torch.isclose(got, want, rtol=tol.rtol, atol=tol.atol, equal_nan=True).all()):
+                return (f"{function}'s output {name!r} in a timed run differs from its result for the same input — "
+                        "a result cached from an earlier call? Each timed run must compute its own output")
+        return None
+
+    return check_output
+
+
+def measure_benchmark(
+    part: Part,
+    module: ModuleType,
+    bench: Benchmark,
+    *,
+    device: str,
+    budget_s: float = 2.0,
+    baselines: list[str] | None = None,
+    clock: timing.Clock | None = None,
+    rule: timing.StopRule | None = None,
+    sets: int = 2,
+    warmup_ms: float = 25.0,
+    graph_below_ms: float | None = 0.02,
+    samples: list[float] | None = None,
+) -> BenchmarkTiming:
+    """Time the student's call and ``baselines`` (default: :func:`grading_baselines`) on one benchmark.
+    ``samples``, if given, receives the student's timed samples (ms), in round order."""
+    baselines = grading_baselines(part) if baselines is None else list(baselines)
+    unknown = [b for b in baselines if b not in part.baselines]
+    if unknown:
+        known = ", ".join(part.baselines)
+        raise ValueError(f"part {part.name!r} declares no baseline {', '.join(unknown)} (has: {known})")
+    row = BenchmarkTiming(bench.label)
+    candidates = [timing.Candidate(STUDENT, lambda inputs: part.call(module, inputs),
+                                   output_checker(part, bench.case, device))]
+    candidates += [timing.Candidate(name, part.baselines[name]) for name in baselines]
+    sources = [device_inputs(inputs, device) for inputs in input_sets(part, bench, sets)]
+    try:
+        result = timing.measure(
+            candidates, sources,
+            clock=clock or timing.CudaClock(),
+            rule=rule or timing.StopRule(budget_s=budget_s),
+            warmup_ms=warmup_ms,
+            graph_below_ms=graph_below_ms,
+        )
+    except timing.CandidateError as exc:
+        if exc.name == STUDENT and isinstance(exc.error, NotImplementedError):
+            row.error = f"{' / '.join(part.functions)} is not implemented yet"
+            row.not_implemented = True
+        elif exc.name == STUDENT:
+            row.error = f"{part.functions[0]} raised {student_traceback(exc.error)}"
+        else:
+            row.error = f"the baseline {exc.name!r} raised {type(exc.error).__name__}: {exc.error}"
+            row.failed_baseline = exc.name
+        return row
+    finally:
+        del sources
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    row.times = {name: result.stats(name) for name, timed in result.samples.items() if timed}
+    if samples is not None:
+        samples.extend(result.samples[STUDENT])
+    row.mode, row.stop, row.rounds, row.notes = result.mode, result.stop, result.rounds, list(result.notes)
+    if result.problems:
+        row.error = result.problems[0]
+    return row
+
+
+def recheck_case(part: Part, secret_seed: int) -> Case:
+    """The case of the part's *first* benchmark, seeded from ``secret_seed`` so that its inputs
+    differ from every timed input. Its float64 reference is computed on the CPU, so an exercise
+    lists its cheapest benchmark first."""
+    bench = part.benchmarks[0]
+    return bench.case.with_seed(mixed_seed(str(secret_seed), "speed-recheck", part.name, bench.label))
+
+
+def measure_part(part: Part, module: ModuleType, *, device: str, budget_s: float,
+                 recheck_inputs: Inputs | None) -> SpeedMeasurement:
+    """Measure every benchmark of ``part``, then call the student's code on ``recheck_inputs``.
+    ``budget_s`` is shared by the benchmarks' timing loops (warm-up, compilation and input building come
+    on top). Stops at the first benchmark that fails: its error already costs the credit."""
+    measurement = SpeedMeasurement(torch.cuda.get_device_name() if device == "cuda" else device)
+    per_benchmark = budget_s / max(1, len(part.benchmarks))
+    for bench in part.benchmarks:
+        row = measure_benchmark(part, module, bench, device=device, budget_s=per_benchmark)
+        measurement.benchmarks.append(row)
+        if row.error:
+            return measurement
+    if recheck_inputs is not None:
+        measurement.recheck = execute(part, module, recheck_inputs, device)
+    return measurement
