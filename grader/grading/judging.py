@@ -86,9 +86,10 @@ class _PartState:
     speed: SpeedResult | None = None
     errors: list[GraderError] = field(default_factory=list)
 
-    def flag(self, flag: integrity.Flag, case: Case | None = None) -> None:
+    def flag(self, flag: integrity.Flag, case: Case | None = None, *, scope: str = "part") -> None:
+        """``scope``: "part" zeroes the whole part, "speed" its speed credit only."""
         where = f" (case {case.label})" if case is not None else ""
-        self.flags.setdefault(flag.rule, {"rule": flag.rule, "message": f"{flag.message}{where}"})
+        self.flags.setdefault(flag.rule, {"rule": flag.rule, "message": f"{flag.message}{where}", "scope": scope})
 
 
 class ExerciseJudge:
@@ -180,10 +181,30 @@ class ExerciseJudge:
                 state.flag(integrity.Flag("speed-recheck", "results must be computed on every call, not cached or "
                                           "replayed — " + recheck.message))
         try:
-            limits = credit.load_thresholds(measurement.gpu if self.device == "cuda" else None)
+            limits = credit.load_thresholds(measurement.gpu)
         except thresholds.ThresholdsError as exc:
             return SpeedResult(NEEDS_REGRADE, f"speed: the thresholds file is not usable: {exc}")
+        distrusted = []
+        if measurement.tampered:
+            distrusted.append("the timing primitives were replaced while the student's code ran: "
+                              + ", ".join(measurement.tampered[:8]))
+            state.flag(integrity.Flag("timer-tampering", distrusted[-1]), scope="speed")
+        impossible = credit.impossible_times(part, measurement, limits)
+        if impossible:
+            distrusted.append("times faster than the GPU can physically go:\n  " + "\n  ".join(impossible))
+            state.flag(integrity.Flag("impossible-speed", distrusted[-1]), scope="speed")
+        if distrusted:
+            return SpeedResult("flagged", "speed: no credit — the measurement cannot be trusted: "
+                               + "; ".join(distrusted), 0.0)
         scored = credit.part_credit(part, measurement, recheck=recheck, thresholds=limits)
+        if not scored.calibrated:
+            return SpeedResult(NEEDS_REGRADE, f"speed: not graded on this GPU ({measurement.gpu}): it has no "
+                               "calibrated thresholds (`grader calibrate` makes them); correctness is graded, speed "
+                               f"waits for a regrade on a calibrated GPU\n{scored.message}", rows=scored.rows)
+        drift = credit.baseline_drift(scored.rows, limits, part)
+        if drift is not None:
+            return SpeedResult(NEEDS_REGRADE, f"speed: not graded in this run: {drift}; it waits for a regrade\n"
+                               f"{scored.message}", rows=scored.rows, calibrated=True)
         status = "failed" if measurement.error else "measured"
         return SpeedResult(status, scored.message, scored.fraction, scored.rows, scored.calibrated,
                            credit.roofline_of(limits))

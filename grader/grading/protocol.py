@@ -227,7 +227,8 @@ def encode(message: Request | Reply) -> dict[str, Any]:
             m = message.measurement
             return {"type": "speed_done", "id": message.id, "gpu": str(m.gpu),
                     "benchmarks": [plain_data(b.to_dict()) for b in m.benchmarks],
-                    "recheck": None if m.recheck is None else _execution_data(m.recheck)}
+                    "recheck": None if m.recheck is None else _execution_data(m.recheck),
+                    "tampered": [str(t) for t in m.tampered]}
         case NotImplementedYet():
             return {"type": "not_implemented", "id": message.id, "message": str(message.message)}
         case Raised():
@@ -322,6 +323,8 @@ def _benchmark(data: Any, what: str) -> BenchmarkTiming:
         stop=_get(data, "stop", str, what),
         rounds=int(_get(data, "rounds", int, what)),
         notes=_str_list(_get(data, "notes", list, what), f"{what}: notes"),
+        warmup_s=_get(data, "warmup_s", float, what),
+        timed_s=_get(data, "timed_s", float, what),
         error=_get(data, "error", (str, type(None)), what),
         not_implemented=_get(data, "not_implemented", bool, what),
         failed_baseline=_get(data, "failed_baseline", (str, type(None)), what),
@@ -395,7 +398,8 @@ def decode(data: Any, *, extra_fields: dict[str, dict[str, Any]] | None = None) 
             return SpeedDone(_get(data, "id", str, what), SpeedMeasurement(
                 gpu=_get(data, "gpu", str, what),
                 benchmarks=[_benchmark(r, f"{what}: benchmark {i}") for i, r in enumerate(rows)],
-                recheck=None if recheck is None else _execution(recheck, f"{what}: recheck")))
+                recheck=None if recheck is None else _execution(recheck, f"{what}: recheck"),
+                tampered=_str_list(_get(data, "tampered", list, what), f"{what}: tampered")))
         case "not_implemented":
             return NotImplementedYet(_get(data, "id", str, what), _get(data, "message", str, what))
         case "raised":

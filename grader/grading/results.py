@@ -8,7 +8,9 @@ Statuses:
 * a part: "graded", "not implemented", "not submitted", "error" (the module cannot be used) or
   "needs regrade" (a grader error touched it: it is neither scored 0 nor counted as passed);
 * speed: "measured", "not measured" (no GPU, not reached), "not graded" (the part has no speed points),
-  "failed" (no credit: an error) or "needs regrade".
+  "failed" (no credit: an error), "flagged" (no credit: the measurement cannot be trusted — timers
+  replaced, times beyond the GPU's physical limits) or "needs regrade" (a grader fault, a GPU without
+  calibrated thresholds, or a GPU not running as calibrated).
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ class CheckResult:
 
 @dataclass
 class SpeedResult:
-    status: str  # "measured" | "not measured" | "not graded" | "failed" | NEEDS_REGRADE
+    status: str  # "measured" | "not measured" | "not graded" | "failed" | "flagged" | NEEDS_REGRADE
     message: str = ""
     fraction: float | None = None  # credit in [0, 1] where measured (0 where failed)
     rows: list[dict[str, Any]] = field(default_factory=list)  # per benchmark, as grader.speed.credit makes them
@@ -87,7 +89,8 @@ class PartResult:
     status: str  # GRADED | NOT_IMPLEMENTED | NOT_SUBMITTED | ERROR | NEEDS_REGRADE
     message: str = ""
     checks: list[CheckResult] = field(default_factory=list)
-    flags: list[dict[str, str]] = field(default_factory=list)  # {"rule", "message"}; any flag zeroes the part
+    # {"rule", "message", "scope"}: a "part" flag zeroes the part, a "speed" flag its speed credit
+    flags: list[dict[str, str]] = field(default_factory=list)
     speed: SpeedResult = field(default_factory=lambda: SpeedResult("not graded"))
     grader_errors: list[GraderError] = field(default_factory=list)
 
@@ -112,7 +115,12 @@ class PartResult:
 
     @property
     def needs_regrade(self) -> bool:
-        return self.status == NEEDS_REGRADE
+        return self.status == NEEDS_REGRADE or self.speed.status == NEEDS_REGRADE
+
+    @property
+    def part_flags(self) -> list[dict[str, str]]:
+        """The flags that zero the whole part (the others cost the speed credit only)."""
+        return [f for f in self.flags if f.get("scope", "part") == "part"]
 
     def first_failure(self) -> CheckResult | None:
         failing = [c for c in self.correctness if c.status == FAILED]

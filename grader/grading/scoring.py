@@ -9,7 +9,8 @@ Per part, in course points:
   GPU. Where it was not (a CPU, an uncalibrated GPU) the line is left out and the report says why.
 
 Any integrity flag (PyTorch compute, no own kernel, inputs modified, aliasing, replayed results, wrong
-outputs while timed) zeroes the whole part. A part that needs a regrade (a grader fault) scores nothing
+outputs while timed) zeroes the whole part; a flag on the speed measurement alone (timers replaced, times
+beyond the GPU's physical limits) zeroes its speed credit. A part that needs a regrade (a grader fault) scores nothing
 and fails nothing: its lines say "needs regrade" and count towards ``pending``, not the score.
 
 An exercise's declared points are multiplied by its weight, and every exercise is scaled by one factor so
@@ -95,8 +96,9 @@ def score_part(exercise: Exercise, spec: Part, part: PartResult, factor: float, 
     title = f"{exercise.name} / {spec.name}"
     regrade = part.status == NEEDS_REGRADE
     graded = part.status == GRADED
-    flagged = bool(part.flags) and graded
-    flag_text = "\n".join(f"[{f['rule']}] {f['message']}" for f in part.flags)
+    flagged = bool(part.part_flags) and graded
+    flag_text = "\n".join(f"[{f['rule']}] {f['message']}" for f in part.part_flags)
+    speed_flag_text = "\n".join(f"[{f['rule']}] {f['message']}" for f in part.flags)
     lines = []
 
     # correctness
@@ -149,10 +151,11 @@ def score_part(exercise: Exercise, spec: Part, part: PartResult, factor: float, 
             lines.append(Line(exercise.name, spec.name, "speed", name, 0.0, max_s, LINE_REGRADE,
                               speed.message or part.message))
         else:
-            got = 0.0 if flagged or not graded else max_s * float(speed.fraction or 0.0)
+            speed_flagged = bool(part.flags) and graded
+            got = 0.0 if speed_flagged or not graded else max_s * float(speed.fraction or 0.0)
             output = speed.message
-            if flagged:
-                output = "zeroed by an integrity flag\n" + output
+            if speed_flagged:
+                output = f"zeroed by an integrity flag:\n{speed_flag_text}\n{output}"
             lines.append(Line(exercise.name, spec.name, "speed", name, got, max_s, _status(got >= max_s - 1e-9),
                               output))
     return lines

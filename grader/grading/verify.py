@@ -27,6 +27,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_common(parser)
 
 
+def _uncalibrated(part) -> bool:
+    """Speed waits for a GPU with thresholds: not the references' failure, nor the grader's."""
+    return part.speed.status == "needs regrade" and not part.speed.calibrated and part.status == "graded"
+
+
 def failures(batch) -> list[str]:
     """Every line short of full marks (speed only where this GPU is calibrated), as "line: points" plus the
     line's key message."""
@@ -37,9 +42,9 @@ def failures(batch) -> list[str]:
                 first = score.message.splitlines()[0] if score.message else ""
                 problems.append(f"{score.exercise}: {score.status}: {first}")
                 continue
-            calibrated = {part.name: part.speed.calibrated for part in result.parts}
+            uncalibrated = {part.name for part in result.parts if _uncalibrated(part)}
             for line in score.lines:
-                if line.component == "speed" and not calibrated.get(line.part):
+                if line.component == "speed" and line.part in uncalibrated:
                     continue  # speed is required on a calibrated GPU only
                 if (line.max_score > 0 and line.score < line.max_score - 1e-9) or not line.passed:
                     detail = line.output.strip().splitlines()[:8]
@@ -66,7 +71,9 @@ def run(args: argparse.Namespace) -> int:
         except (UsageError, config.CourseError) as exc:
             print(f"grader verify: {exc}", file=sys.stderr)
             return 2
-        if batch.regrade_parts():
+        faults = [p for r in batch.reports for _, res in r.exercises for p in res.parts
+                  if p.needs_regrade and not _uncalibrated(p)]
+        if faults or any(res.grader_errors for r in batch.reports for _, res in r.exercises):
             return exit_status(batch)
         problems = failures(batch)
     if problems:
@@ -75,9 +82,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {problem}", file=sys.stderr)
         return 1
     speed_note = " (speed not measured: no GPU)" if "CUDA" not in batch.device else ""
-    uncalibrated = sorted({f"{s.exercise}/{line.part}" for r in batch.reports for s, res in r.exercises
-                           for line in s.lines if line.component == "speed"
-                           and not any(p.name == line.part and p.speed.calibrated for p in res.parts)})
+    uncalibrated = sorted({f"{res.exercise}/{p.name}" for r in batch.reports for _, res in r.exercises
+                           for p in res.parts if _uncalibrated(p)})
     if uncalibrated:
         speed_note = f" (speed not required: this GPU is not calibrated for {', '.join(uncalibrated)})"
     print(f"grader verify: OK — every exercise earns full marks{speed_note} in {batch.elapsed_s:.1f} s",

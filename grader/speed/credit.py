@@ -18,6 +18,7 @@ import torch
 
 from grader.checks.spec import Benchmark, Part
 from grader.checks.verdicts import Verdict
+from grader.speed import limits as limits_mod
 from grader.speed import thresholds as thresholds_mod
 from grader.speed.measure import STUDENT, BenchmarkTiming, SpeedMeasurement, cpu_inputs
 from grader.speed.thresholds import Threshold, Thresholds
@@ -254,3 +255,48 @@ def summarize(rows: list[dict[str, Any]], roofline: dict[str, Any], gpu: str, th
     head = f"speed: {fraction:.0%} ({full} of {len(rows)} benchmark{plural} at full speed) on {gpu}"
     body = "\n".join(row_message(r, roofline) for r in rows)
     return SpeedCredit(fraction, f"{head}\n{body}\n{note}", rows, calibrated)
+
+
+# --------------------------------------------------------------------------------------------
+# Can the measurement be trusted? (the grader's process: plain data in)
+# --------------------------------------------------------------------------------------------
+
+DRIFT = 1.5  # a baseline slower or faster than this factor of its calibrated time: the GPU is not as calibrated
+
+
+def impossible_times(part: Part, measurement: SpeedMeasurement, thresholds: Thresholds | None) -> list[str]:
+    """Times that beat the GPU's physical limits (:mod:`grader.speed.limits`): a forged or broken timer."""
+    limits = limits_mod.for_gpu(measurement.gpu, thresholds)
+    if limits is None:
+        return []
+    found = []
+    benches = {b.label: b for b in part.benchmarks}
+    for row in measurement.benchmarks:
+        if row.error or row.label not in benches:
+            continue
+        work = benchmark_work(part, benches[row.label])
+        floor = limits_mod.floor_ms(limits, work.bytes, work.flops, work.dtype)
+        for name, stats in row.times.items():
+            if limits_mod.impossible(stats.median, floor):
+                who = "your kernel" if name == STUDENT else f"the baseline {name!r}"
+                found.append(f"{row.label}: {who} measured {fmt_ms(stats.median)}, but the work needs at least "
+                             f"{fmt_ms(floor)} on {limits.gpu} (its {limits.source} limits: "
+                             f"{limits.bandwidth_gbps:.0f} GB/s, {limits.tflops.get(work.dtype or '', 0):.0f} TFLOP/s)")
+    return found
+
+
+def baseline_drift(rows: list[dict[str, Any]], thresholds: Thresholds | None, part: Part) -> str | None:
+    """A calibrated baseline measured far from its calibrated time: the GPU is shared, throttled or not the
+    one calibrated, so ratios against the thresholds would not be fair (to anyone)."""
+    for r in rows:
+        if r["threshold"] != "calibrated" or r.get("baseline_ms") is None or thresholds is None:
+            continue
+        entry = thresholds.get(part.exercise.name if part.exercise else "?", part.name, r["label"])
+        if entry is None or not entry.baseline_ms:
+            continue
+        factor = r["baseline_ms"] / entry.baseline_ms
+        if not 1 / DRIFT <= factor <= DRIFT:
+            return (f"{r['label']}: the baseline {r['baseline']} took {fmt_ms(r['baseline_ms'])}, "
+                    f"{factor:.2f}× its calibrated {fmt_ms(entry.baseline_ms)} on {thresholds.gpu}: this GPU is not "
+                    "running as it was calibrated (shared, throttled, or another model)")
+    return None

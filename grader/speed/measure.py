@@ -40,6 +40,8 @@ class BenchmarkTiming:
     stop: str = ""  # why the rounds stopped
     rounds: int = 0
     notes: list[str] = field(default_factory=list)
+    warmup_s: float = 0.0  # compilation, autotuning and warm-up calls (wall time)
+    timed_s: float = 0.0  # the timed rounds (wall time)
     error: str | None = None  # no credit: what went wrong
     not_implemented: bool = False
     failed_baseline: str | None = None  # the baseline that raised (grader bench drops it and measures again)
@@ -67,6 +69,7 @@ class SpeedMeasurement:
     gpu: str
     benchmarks: list[BenchmarkTiming] = field(default_factory=list)
     recheck: Execution | None = None  # the call on fresh inputs after the timed runs (None: not reached)
+    tampered: list[str] = field(default_factory=list)  # timing primitives replaced since the worker started
 
     @property
     def error(self) -> str | None:
@@ -191,6 +194,7 @@ def measure_benchmark(
     if samples is not None:
         samples.extend(result.samples[STUDENT])
     row.mode, row.stop, row.rounds, row.notes = result.mode, result.stop, result.rounds, list(result.notes)
+    row.warmup_s, row.timed_s = result.warmup_s, result.timed_s
     if result.problems:
         row.error = result.problems[0]
     return row
@@ -211,11 +215,14 @@ def measure_part(part: Part, module: ModuleType, *, device: str, budget_s: float
     on top). Stops at the first benchmark that fails: its error already costs the credit."""
     measurement = SpeedMeasurement(torch.cuda.get_device_name() if device == "cuda" else device)
     per_benchmark = budget_s / max(1, len(part.benchmarks))
-    for bench in part.benchmarks:
-        row = measure_benchmark(part, module, bench, device=device, budget_s=per_benchmark)
-        measurement.benchmarks.append(row)
-        if row.error:
-            return measurement
-    if recheck_inputs is not None:
-        measurement.recheck = execute(part, module, recheck_inputs, device)
-    return measurement
+    try:
+        for bench in part.benchmarks:
+            row = measure_benchmark(part, module, bench, device=device, budget_s=per_benchmark)
+            measurement.benchmarks.append(row)
+            if row.error:
+                return measurement
+        if recheck_inputs is not None:
+            measurement.recheck = execute(part, module, recheck_inputs, device)
+        return measurement
+    finally:
+        measurement.tampered = timing.tampered()

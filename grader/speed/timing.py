@@ -13,9 +13,12 @@ How one measurement goes (:func:`measure`):
    the comparison stays fair.
 3. **Rounds.** One round times every candidate once, in an order that rotates from round to round.
    Before each timed call the inputs are fresh clones of one of the input sets (sets alternate, so
-   a result cached from the previous call is wrong for this one) and the L2 cache is flushed; the
-   call is bracketed by two CUDA events. After the round, one synchronization, then every output is
-   re-checked (untimed): a kernel that returns a cached result is caught, not timed as fast.
+   a result cached from the previous call is wrong for this one), the L2 cache is flushed, and the
+   GPU is held busy (``Clock.hold``) for longer than the candidate takes to *launch* its work
+   (measured during the warm-up): the host has queued the whole call before the GPU reaches the start
+   event, so the two CUDA events around the call measure device time alone, never the Python launch
+   path. After the round, one synchronization, then every output is re-checked (untimed): a kernel
+   that returns a cached result is caught, not timed as fast.
 4. **Stopping.** After ``min_rounds``, stop as soon as every candidate's median is known to
    ``rel_se`` (relative standard error of the median, from the interquartile range), or the time
    budget or ``max_rounds`` is reached.
@@ -31,13 +34,23 @@ roofline (:func:`roofline`), and graph capture disables the garbage collector as
 Everything device-specific sits behind :class:`Clock`; :class:`FakeClock` is a deterministic
 stand-in that the unit tests use to exercise the statistics, the stopping rule and the interleaving
 on a CPU.
+
+Where the student's code runs in the same process (the grader's worker), it could replace the timers.
+:func:`capture_primitives` records, before any student module is imported, every callable that
+timing goes through (CUDA events, synchronization, ``time.perf_counter``, ``do_bench``, this module's
+own functions, the statistics); :class:`CudaClock` uses the captured objects, and :func:`tampered`
+names whatever was replaced or rewritten since. The grader turns a non-empty answer into an integrity
+flag, and checks every time against the GPU's physical limits in its own process
+(:mod:`grader.speed.limits`).
 """
 
 from __future__ import annotations
 
+import builtins
 import gc
 import math
 import statistics
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -166,6 +179,84 @@ class StopRule:
 
 
 # --------------------------------------------------------------------------------------------
+# The primitives timing goes through, captured before student code can replace them
+# --------------------------------------------------------------------------------------------
+
+_CAPTURED: dict[str, tuple[Any, str, Any, Any]] = {}  # name -> (owner, attribute, object, its code)
+_MISSING = object()
+
+
+def _code(value: Any) -> Any:
+    """The code object behind a function, method, property or class/static method (None for C callables)."""
+    for inner in (value, getattr(value, "fget", None), getattr(value, "__func__", None)):
+        code = getattr(inner, "__code__", None)
+        if code is not None:
+            return code
+    return None
+
+
+def _targets() -> dict[str, tuple[Any, str]]:
+    """Everything a measurement calls: name -> (owner, attribute)."""
+    import torch
+    import triton.testing
+
+    from grader.speed import measure
+
+    this = sys.modules[__name__]
+    found: dict[str, tuple[Any, str]] = {
+        "time.perf_counter": (time, "perf_counter"), "time.monotonic": (time, "monotonic"), "time.time": (time, "time"),
+        "torch.cuda.Event": (torch.cuda, "Event"), "torch.cuda.synchronize": (torch.cuda, "synchronize"),
+        "torch.cuda._sleep": (torch.cuda, "_sleep"), "torch.cuda.current_stream": (torch.cuda, "current_stream"),
+        "torch.cuda.CUDAGraph": (torch.cuda, "CUDAGraph"), "torch.cuda.graph": (torch.cuda, "graph"),
+        "triton.testing.do_bench": (triton.testing, "do_bench"),
+    }
+    owners = {"torch.cuda.Event": torch.cuda.Event, "torch.cuda.CUDAGraph": torch.cuda.CUDAGraph,
+              "torch._C._CudaEventBase": torch._C._CudaEventBase}
+    for owner_name, owner in owners.items():
+        for attr in ("record", "elapsed_time", "synchronize", "query", "replay", "__init__", "__new__"):
+            if attr in vars(owner):
+                found[f"{owner_name}.{attr}"] = (owner, attr)
+    for attr in ("median", "fmean", "stdev"):
+        found[f"statistics.{attr}"] = (statistics, attr)
+    for attr in ("sorted", "min", "max", "sum", "len", "float", "int", "isinstance"):
+        found[f"builtins.{attr}"] = (builtins, attr)
+    for module, prefix in ((this, "grader.speed.timing"), (measure, "grader.speed.measure")):
+        for attr, value in vars(module).items():
+            if getattr(value, "__module__", None) == module.__name__ and (callable(value) or isinstance(value, type)):
+                found[f"{prefix}.{attr}"] = (module, attr)
+                if isinstance(value, type):
+                    for member in vars(value):
+                        if _code(vars(value)[member]) is not None:
+                            found[f"{prefix}.{attr}.{member}"] = (value, member)
+    return found
+
+
+def capture_primitives() -> None:
+    """Record the timing primitives as they are now. The grader's worker calls this before it imports
+    any student module; :class:`CudaClock` then uses these objects and :func:`tampered` compares."""
+    _CAPTURED.clear()
+    for name, (owner, attr) in _targets().items():
+        value = vars(owner)[attr] if isinstance(owner, type) else getattr(owner, attr)
+        _CAPTURED[name] = (owner, attr, value, _code(value))
+
+
+def _primitive(name: str, current: Any) -> Any:
+    """The captured object of that name, or ``current`` where nothing was captured (pytest, bench)."""
+    return _CAPTURED[name][2] if name in _CAPTURED else current
+
+
+def tampered() -> list[str]:
+    """The captured primitives that were replaced, deleted or had their code rewritten since
+    :func:`capture_primitives` (empty where nothing was captured)."""
+    changed = []
+    for name, (owner, attr, value, code) in _CAPTURED.items():
+        now = vars(owner).get(attr, _MISSING) if isinstance(owner, type) else getattr(owner, attr, _MISSING)
+        if now is not value or _code(now) is not code:
+            changed.append(name)
+    return changed
+
+
+# --------------------------------------------------------------------------------------------
 # Clocks
 # --------------------------------------------------------------------------------------------
 
@@ -175,6 +266,8 @@ class Clock(Protocol):
     clock for the budget, and (optionally) graph capture."""
 
     def flush(self) -> None: ...
+
+    def hold(self, ms: float) -> None: ...
 
     def mark(self) -> Any: ...
 
@@ -189,12 +282,22 @@ class Clock(Protocol):
 
 class CudaClock:
     """CUDA events on the current stream; L2 flushed by zeroing Triton's 256 MB benchmark buffer
-    (larger than the L2 of an H100/H200, 50/60 MB)."""
+    (larger than the L2 of an H100/H200, 50/60 MB); the GPU held with ``torch.cuda._sleep``, a spin
+    of a given number of clock cycles. Uses the primitives :func:`capture_primitives` recorded, where
+    it was called."""
 
     def __init__(self) -> None:
         import torch
 
         self._torch = torch
+        self._event = _primitive("torch.cuda.Event", torch.cuda.Event)
+        self._record = _primitive("torch.cuda.Event.record", torch.cuda.Event.record)
+        self._elapsed = _primitive("torch.cuda.Event.elapsed_time", torch.cuda.Event.elapsed_time)
+        self._synchronize = _primitive("torch.cuda.synchronize", torch.cuda.synchronize)
+        self._sleep = _primitive("torch.cuda._sleep", torch.cuda._sleep)
+        self._perf_counter = _primitive("time.perf_counter", time.perf_counter)
+        # cycles per ms at the highest clock (kHz): a hold is never shorter than asked
+        self._cycles_per_ms = torch.cuda.get_device_properties(torch.cuda.current_device()).clock_rate
         try:
             import triton
 
@@ -208,19 +311,23 @@ class CudaClock:
     def flush(self) -> None:
         self._clear(self._cache)
 
+    def hold(self, ms: float) -> None:
+        if ms > 0:
+            self._sleep(int(ms * self._cycles_per_ms))
+
     def mark(self) -> Any:
-        event = self._torch.cuda.Event(enable_timing=True)
-        event.record()
+        event = self._event(enable_timing=True)
+        self._record(event)
         return event
 
     def elapsed_ms(self, start: Any, end: Any) -> float:
-        return start.elapsed_time(end)
+        return self._elapsed(start, end)
 
     def sync(self) -> None:
-        self._torch.cuda.synchronize()
+        self._synchronize()
 
     def wall(self) -> float:
-        return time.perf_counter()
+        return self._perf_counter()
 
     def capture(self, fn: Callable[[], Any]) -> Callable[[], None] | None:
         """A CUDA graph of one call of ``fn``; None if the call cannot be captured (it syncs,
@@ -257,6 +364,7 @@ class FakeClock:
         self.flushes = 0
         self.syncs = 0
         self.captures = 0
+        self.holds: list[float] = []
 
     def advance(self, ms: float) -> None:
         self.now_ms += ms
@@ -264,6 +372,9 @@ class FakeClock:
     def flush(self) -> None:
         self.flushes += 1
         self.now_ms += self.flush_ms
+
+    def hold(self, ms: float) -> None:
+        self.holds.append(ms)  # device time that passes before the start mark: never measured
 
     def mark(self) -> float:
         return self.now_ms
@@ -294,6 +405,13 @@ class FakeClock:
 # The engine
 # --------------------------------------------------------------------------------------------
 
+# The GPU is held this long before a timed call: HOLD_FACTOR × the candidate's launch time (host time
+# from the call to its return, measured in the warm-up) plus HOLD_MIN_MS, at most HOLD_MAX_MS. A call
+# that takes longer than that to launch (it synchronizes, say) has its launch gaps measured: say so.
+HOLD_FACTOR = 1.5
+HOLD_MIN_MS = 0.05
+HOLD_MAX_MS = 5.0
+
 
 @dataclass(frozen=True)
 class Candidate:
@@ -321,6 +439,8 @@ class Measurement:
     stop: str  # "converged", "budget", "max_rounds" or "problem"
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    warmup_s: float = 0.0  # wall time of the warm-up (compilation and autotuning included)
+    timed_s: float = 0.0  # wall time of the timed rounds
 
     @property
     def rounds(self) -> int:
@@ -409,25 +529,35 @@ def measure(
         return True
 
     # 1. Warm-up: every input set once (compiles, and lets checks see each set's result), then a
-    #    few timed calls per candidate to estimate its duration, then warm-up until warmup_ms.
+    #    few timed calls per candidate to estimate its duration and its launch time, then warm-up until
+    #    warmup_ms.
+    warmup_start = clock.wall()
     for candidate in candidates:
         for index, source in enumerate(sources):
             output = _call(candidate, fresh_inputs(source))
             clock.sync()
             if not checked(candidate, output, index):
                 return result
-    estimates = {}
+    estimates, holds = {}, {}
     for candidate in candidates:
-        times = []
+        times, launches = [], []
         for k in range(3):
             inputs = fresh_inputs(sources[k % len(sources)])
             clock.flush()
+            clock.hold(HOLD_MAX_MS)
+            launched = clock.wall()
             start = clock.mark()
             _call(candidate, inputs)
             end = clock.mark()
+            launches.append((clock.wall() - launched) * 1e3)
             clock.sync()
             times.append(clock.elapsed_ms(start, end))
         estimates[candidate.name] = max(statistics.median(times), 1e-6)
+        hold = HOLD_FACTOR * statistics.median(launches) + HOLD_MIN_MS
+        holds[candidate.name] = min(HOLD_MAX_MS, hold)
+        if hold > HOLD_MAX_MS:
+            result.notes.append(f"{candidate.name} takes {statistics.median(launches):.2f} ms to launch a call (does "
+                                "it wait for the GPU?): its time includes the gaps while it launches")
         extra = min(100, int(warmup_ms / estimates[candidate.name]))
         for k in range(extra):
             _call(candidate, fresh_inputs(sources[k % len(sources)]))
@@ -444,6 +574,7 @@ def measure(
     if not runners:
         for candidate in candidates:
             runners[candidate.name] = _event_runner(candidate, sources)
+    result.warmup_s = clock.wall() - warmup_start
 
     # 3. Rounds, with the stopping rule after each.
     started = clock.wall()
@@ -456,6 +587,7 @@ def measure(
         for candidate in order:
             prepare, run = runners[candidate.name](index)
             clock.flush()
+            clock.hold(holds[candidate.name])  # the whole call is queued before the GPU reaches `start`
             start = clock.mark()
             output = run(prepare)
             end = clock.mark()
@@ -471,6 +603,7 @@ def measure(
         reason = rule.check(result.samples, clock.wall() - started) if _should_check(round_index) else None
         if reason:
             result.stop = reason
+            result.timed_s = clock.wall() - started
             return result
 
 

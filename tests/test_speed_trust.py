@@ -1,0 +1,184 @@
+"""Speed that cannot be forged, on a CPU: the GPU is held before every timed call (device time, never the
+launch path), the timing primitives are captured before student code runs and any replacement is named,
+times beyond the GPU's physical limits and baselines far from their calibration are caught in the grader's
+process, and the judge turns them into a flag (no speed credit) or a regrade (never a silent 0)."""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import triton.testing
+
+from grader import exercises
+from grader.grading import plan, protocol
+from grader.grading.judging import ExerciseJudge
+from grader.grading.scoring import score_part
+from grader.speed import credit, limits, timing
+from grader.speed.measure import STUDENT, BenchmarkTiming, SpeedMeasurement
+from grader.speed.thresholds import Threshold, Thresholds
+
+H100 = "NVIDIA H100 80GB HBM3"
+GELU = exercises.get("gelu")
+PART = GELU.parts[0]
+FP32 = PART.benchmarks[0]  # fp32-4096x8192: 256 MiB moved, ~0.09 ms at 3 TB/s
+
+
+def _stats(ms: float) -> timing.Stats:
+    return timing.Stats(20, ms, ms, 0.0, ms, ms, ms, ms)
+
+
+def _measurement(student_ms: float, baseline_ms: float, *, tampered=(), gpu=H100) -> SpeedMeasurement:
+    rows = [BenchmarkTiming(b.label, {STUDENT: _stats(student_ms), "torch": _stats(baseline_ms)}, "events",
+                            "converged", 20) for b in PART.benchmarks]
+    return SpeedMeasurement(gpu, rows, recheck=None, tampered=list(tampered))
+
+
+def _thresholds(baseline_ms: float = 0.0937) -> Thresholds:
+    entries = {("gelu", "forward", b.label): Threshold("torch", 0.0936, baseline_ms, 0.9, 0.5)
+               for b in PART.benchmarks}
+    return Thresholds(H100, entries, copy_gbps=3000.0, matmul_tflops={"bfloat16": 700.0})
+
+
+def test_the_gpu_is_held_longer_than_each_candidate_takes_to_launch():
+    clock = timing.FakeClock()
+
+    def candidate(ms):
+        def fn(inputs):
+            clock.advance(ms)  # FakeClock: host time is device time, so launching takes `ms`
+            return inputs["x"]
+        return fn
+
+    candidates = [timing.Candidate("slow_launch", candidate(2.0)), timing.Candidate("quick", candidate(0.1))]
+    result = timing.measure(candidates, [{"x": torch.zeros(3)}], clock=clock, rule=timing.StopRule(min_rounds=3),
+                            warmup_ms=0, graph_below_ms=None)
+    timed_holds = clock.holds[-2 * result.rounds:]
+    assert sorted(set(timed_holds)) == pytest.approx([0.1 * timing.HOLD_FACTOR + timing.HOLD_MIN_MS,
+                                                      2.0 * timing.HOLD_FACTOR + timing.HOLD_MIN_MS])
+    assert result.warmup_s > 0 and result.timed_s > 0
+
+
+def test_a_call_that_takes_longer_to_launch_than_any_hold_is_noted():
+    clock = timing.FakeClock()
+
+    def slow(inputs):
+        clock.advance(timing.HOLD_MAX_MS * 2)
+        return inputs["x"]
+
+    result = timing.measure([timing.Candidate("syncs", slow)], [{"x": torch.zeros(3)}], clock=clock,
+                            rule=timing.StopRule(min_rounds=3), warmup_ms=0, graph_below_ms=None)
+    assert any("its time includes the gaps while it launches" in n for n in result.notes)
+
+
+@pytest.fixture
+def captured():
+    timing.capture_primitives()
+    yield
+    timing._CAPTURED.clear()
+
+
+def test_replaced_timing_primitives_are_named(captured, monkeypatch):
+    assert timing.tampered() == []
+    monkeypatch.setattr(time, "perf_counter", lambda: 0.0)
+    monkeypatch.setattr(torch.cuda.Event, "elapsed_time", lambda self, end: 1e-6)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(triton.testing, "do_bench", lambda *a, **k: 1e-6)
+    assert set(timing.tampered()) >= {"time.perf_counter", "torch.cuda.Event.elapsed_time",
+                                      "torch.cuda.synchronize", "triton.testing.do_bench"}
+    monkeypatch.undo()
+    assert timing.tampered() == []
+
+
+def test_rewritten_code_of_the_graders_own_timing_is_named(captured, monkeypatch):
+    monkeypatch.setattr(timing.summarize, "__code__", (lambda samples: None).__code__)
+    monkeypatch.setattr(timing.CudaClock.elapsed_ms, "__code__", (lambda self, a, b: 1e-6).__code__)
+    assert {"grader.speed.timing.summarize", "grader.speed.timing.CudaClock.elapsed_ms"} <= set(timing.tampered())
+
+
+def test_the_timer_patching_fixture_is_caught_at_import(captured):
+    path = Path(__file__).parent / "cheating" / "timer_patch" / "gelu" / "gelu.py"
+    saved = (torch.cuda.Event.elapsed_time, torch.cuda.synchronize, triton.testing.do_bench, time.perf_counter)
+    try:
+        spec = importlib.util.spec_from_file_location("_timer_patch_fixture", path)
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+        assert set(timing.tampered()) >= {"time.perf_counter", "torch.cuda.Event.elapsed_time",
+                                          "torch.cuda.synchronize", "triton.testing.do_bench"}
+    finally:
+        (torch.cuda.Event.elapsed_time, torch.cuda.synchronize, triton.testing.do_bench, time.perf_counter) = saved
+
+
+def test_physical_limits():
+    h100 = limits.for_gpu(H100, None)
+    assert h100.source == "datasheet" and h100.bandwidth_gbps == 3350.0
+    floor = limits.floor_ms(h100, 2 * 4096 * 8192 * 4, None, "float32")
+    assert floor == pytest.approx(268435456 / 3350e9 * 1e3)
+    assert not limits.impossible(0.0937, floor)  # the reference: about 2.9 TB/s
+    assert limits.impossible(1e-6, floor)
+    unknown = limits.for_gpu("NVIDIA Z9000", None)
+    assert unknown is None  # nothing known: nothing checked
+    measured = limits.for_gpu("NVIDIA Z9000", Thresholds("NVIDIA Z9000", {}, copy_gbps=1000.0))
+    assert measured.source == "calibration" and measured.bandwidth_gbps == pytest.approx(1250.0)
+
+
+def test_impossible_times_are_found_for_the_student_and_the_baselines():
+    assert credit.impossible_times(PART, _measurement(0.094, 0.0937), None) == []
+    found = credit.impossible_times(PART, _measurement(1e-6, 1e-6), None)
+    assert len(found) == 2 * len(PART.benchmarks)
+    assert "your kernel measured 0.0 µs, but the work needs at least" in found[0]
+    assert any("the baseline 'torch'" in f for f in found)
+
+
+def test_a_baseline_far_from_its_calibration_is_drift():
+    part_credit = credit.part_credit(PART, _measurement(0.094, 0.3), recheck=credit.Verdict(True),
+                                     thresholds=_thresholds())
+    drift = credit.baseline_drift(part_credit.rows, _thresholds(), PART)
+    assert drift and "3.20× its calibrated" in drift
+    fair = credit.part_credit(PART, _measurement(0.094, 0.0937), recheck=credit.Verdict(True),
+                              thresholds=_thresholds())
+    assert credit.baseline_drift(fair.rows, _thresholds(), PART) is None
+
+
+def _judge_speed(measurement, monkeypatch, thresholds) -> tuple[ExerciseJudge, object]:
+    monkeypatch.setattr(credit, "load_thresholds", lambda gpu=None: thresholds)
+    item = next(it for it in plan.plan(GELU, device="cuda", secret="s", random_cases=0, speed_budget_s=1.0)
+                if it.role == "speed")
+    judge = ExerciseJudge(GELU, device="cuda", student_dir="/nowhere")
+    request = protocol.RunSpeed(item.id, PART.name, 1.0, None)
+    judge.on_reply(item, request, protocol.SpeedDone(item.id, measurement))
+    return judge, judge.parts[PART.name]
+
+
+def _graded_part(state):
+    from grader.grading.results import PartResult
+
+    return PartResult(PART.name, "graded", flags=list(state.flags.values()), speed=state.speed)
+
+
+def test_the_judge_flags_replaced_timers_and_impossible_times_without_zeroing_correctness(monkeypatch):
+    from grader.grading import config
+
+    _, state = _judge_speed(_measurement(1e-6, 1e-6, tampered=["time.perf_counter"]), monkeypatch, _thresholds())
+    assert state.errors == [] and state.speed.status == "flagged" and state.speed.fraction == 0.0
+    assert {f["rule"] for f in state.flags.values()} == {"timer-tampering", "impossible-speed"}
+    assert all(f["scope"] == "speed" for f in state.flags.values())
+    lines = score_part(GELU, PART, _graded_part(state), 1.0, config.load_course())
+    speed_line = next(ln for ln in lines if ln.component == "speed")
+    assert speed_line.score == 0 and "[timer-tampering]" in speed_line.output
+    assert "[impossible-speed]" in speed_line.output
+
+
+def test_an_uncalibrated_gpu_or_a_drifting_baseline_waits_for_a_regrade(monkeypatch):
+    from grader.grading import config
+
+    _, state = _judge_speed(_measurement(0.094, 0.0937, gpu="NVIDIA Z9000"), monkeypatch, None)
+    assert state.speed.status == "needs regrade" and "no calibrated thresholds" in state.speed.message
+    lines = score_part(GELU, PART, _graded_part(state), 1.0, config.load_course())
+    # correctness is scored (it failed here: this part has no checks), speed is pending
+    assert [ln.status for ln in lines] == ["failed", "needs regrade"]
+    _, state = _judge_speed(_measurement(0.094, 0.3), monkeypatch, _thresholds())
+    assert state.speed.status == "needs regrade" and "not running as it was calibrated" in state.speed.message
+    _, state = _judge_speed(_measurement(0.094, 0.0937), monkeypatch, _thresholds())
+    assert state.speed.status == "measured" and state.speed.fraction == 1.0 and state.flags == {}
