@@ -182,3 +182,55 @@ def test_an_uncalibrated_gpu_or_a_drifting_baseline_waits_for_a_regrade(monkeypa
     assert state.speed.status == "needs regrade" and "not running as it was calibrated" in state.speed.message
     _, state = _judge_speed(_measurement(0.094, 0.0937), monkeypatch, _thresholds())
     assert state.speed.status == "measured" and state.speed.fraction == 1.0 and state.flags == {}
+
+
+def test_a_speed_measurement_travels_from_the_worker_to_the_judge(monkeypatch):
+    """The speed item's whole data path on a CPU: measure_part (a fake clock stands in for CUDA events), the
+    wire form through torch.save, and the grader's judge with calibrated thresholds."""
+    import io
+
+    from grader.checks.spec import Benchmark, Case, Exercise, Part, Tolerances
+    from grader.speed import measure
+
+    clock = timing.FakeClock()
+    case = Case({"n": 1024, "dtype": "float32"})
+
+    def make_inputs(c):
+        return {"x": torch.randn(c["n"], generator=torch.Generator().manual_seed(c.seed))}
+
+    def timed(ms, fn):
+        def run(inputs):
+            clock.advance(ms)
+            return fn(inputs)
+        return run
+
+    part = Part(name="forward", functions=("double",), make_inputs=make_inputs,
+                call=lambda module, inputs: {"y": module.double(inputs["x"])},
+                reference=lambda inputs: {"y": inputs["x"].double() * 2},
+                cases=lambda device: None, examples=(case,), tolerances=Tolerances((torch.float32, 1e-6, 1e-6)),
+                benchmarks=(Benchmark("n1024", case, bytes_moved=lambda i: 8.0 * i["x"].numel()),),
+                baselines={"torch": timed(1.0, lambda i: {"y": i["x"] * 2})}, speed_baseline="torch",
+                speed_points=5)
+    toy = Exercise("toy", "toy", "Toy", (part,))
+    module = type("Module", (), {"double": staticmethod(lambda x: (clock.advance(0.5), x * 2)[1])})
+    monkeypatch.setattr(timing, "CudaClock", lambda: clock)
+    monkeypatch.setattr(measure, "timing", timing)
+    item = next(it for it in plan.plan(toy, device="cuda", secret="s", random_cases=0, speed_budget_s=1.0)
+                if it.role == "speed")
+    measurement = measure.measure_part(part, module, device="cpu", budget_s=1.0, recheck_inputs=item.recheck_inputs())
+    measurement.gpu = H100
+    buf = io.BytesIO()
+    torch.save(protocol.encode(protocol.SpeedDone(item.id, measurement)), buf)
+    buf.seek(0)
+    reply = protocol.decode(torch.load(buf, weights_only=True))
+    assert reply.measurement.benchmarks == measurement.benchmarks and reply.measurement.tampered == []
+    assert torch.equal(reply.measurement.recheck.outputs["y"], measurement.recheck.outputs["y"])
+    thresholds = Thresholds(H100, {("toy", "forward", "n1024"): Threshold("torch", 0.5, 1.0, 1.5, 1.0)})
+    monkeypatch.setattr(credit, "load_thresholds", lambda gpu=None: thresholds)
+    judge = ExerciseJudge(toy, device="cpu", student_dir="/nowhere")  # the outputs are on the CPU here
+    judge.on_reply(item, protocol.RunSpeed(item.id, "forward", 1.0, item.recheck_inputs()), reply)
+    state = judge.parts["forward"]
+    assert state.errors == [] and state.flags == {}
+    assert state.speed.status == "measured" and state.speed.fraction == 1.0
+    assert state.speed.rows[0]["ratio"] == pytest.approx(2.0)
+    assert judge.profile["speed: timed rounds"] > 0

@@ -101,6 +101,7 @@ class ExerciseJudge:
         self.student_dir = student_dir
         self.gpu_name = gpu_name
         self.parts = {p.name: _PartState() for p in exercise.parts}
+        self.profile: dict[str, float] = {}  # the worker's own breakdown of speed time (grader grade --profile)
 
     # ------------------------------------------------------------------------------ one reply
 
@@ -171,6 +172,10 @@ class ExerciseJudge:
             return SpeedResult("failed", f"speed measurement raised {reply.message}", 0.0)
         assert isinstance(reply, protocol.SpeedDone) and isinstance(request, protocol.RunSpeed)
         measurement = reply.measurement
+        for row in measurement.benchmarks:
+            for step, seconds in (("speed: warm-up, compilation, autotuning", row.warmup_s),
+                                  ("speed: timed rounds", row.timed_s)):
+                self.profile[step] = self.profile.get(step, 0.0) + seconds
         recheck = verdicts.Verdict(True)
         if measurement.recheck is not None:
             assert item.recheck is not None

@@ -58,6 +58,7 @@ def grade_exercise(exercise: Exercise, root: Path, *, settings: RunSettings, scr
         result.log = "\n".join(run.logs)
         result.problems = run.problems
         result.profile.update(run.profile)
+        result.profile.update(judge.profile)
         result.parts = [p for p in judge.part_results(items, run) if p.name in {s.name for s in selected}]
     except Exception as exc:  # a fault of the grader: the exercise is regraded, never charged to the student
         result.status = NEEDS_REGRADE

@@ -239,6 +239,7 @@ def run(exercise: Exercise, root: Path, items: list[Item], settings: RunSettings
     grader_dir = str(package_link(settings.workdir) / "grader")
     remaining = [it for it in items if it.skip_reason is None]
     not_implemented: dict[str, str] = {}  # part.missing_key -> message
+    first_calls: set[str] = set()  # parts whose first call was made (it compiles: profiled apart)
     attempt = 0
     judge_next: list[tuple[Item, protocol.Request, protocol.ItemReply]] = []
 
@@ -292,7 +293,10 @@ def run(exercise: Exercise, root: Path, items: list[Item], settings: RunSettings
                 if getattr(reply, "id", None) != item.id:
                     raise _Ended(f"the worker sent a malformed result: a reply for {getattr(reply, 'id', '?')!r} "
                                  f"while running {item.id!r}")
-                result.add_time(_step(item), time.monotonic() - sent)
+                first_call = item.part.name not in first_calls and item.role != "bad_input"
+                first_calls.add(item.part.name)
+                result.add_time("first call of each part (compiles its kernels)" if first_call else _step(item),
+                                time.monotonic() - sent)
                 current = None
                 result.replies[item.id] = reply
                 progress += 1

@@ -296,8 +296,10 @@ class CudaClock:
         self._synchronize = _primitive("torch.cuda.synchronize", torch.cuda.synchronize)
         self._sleep = _primitive("torch.cuda._sleep", torch.cuda._sleep)
         self._perf_counter = _primitive("time.perf_counter", time.perf_counter)
-        # cycles per ms at the highest clock (kHz): a hold is never shorter than asked
-        self._cycles_per_ms = torch.cuda.get_device_properties(torch.cuda.current_device()).clock_rate
+        # cycles per ms at the highest clock (kHz; 2.1 GHz where torch does not say, above any data-centre
+        # GPU's boost clock): a hold is never shorter than asked, only longer at a lower clock
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        self._cycles_per_ms = getattr(props, "clock_rate", 0) or 2_100_000
         try:
             import triton
 
