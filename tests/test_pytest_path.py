@@ -9,6 +9,8 @@ import pytest
 
 from grader import exercises
 
+from . import known_wrong
+
 ROOT = Path(__file__).resolve().parents[1]
 ASSIGNMENTS = ROOT / "assignments"
 
@@ -48,9 +50,14 @@ def test_header_says_which_mode_is_active(pytester: pytest.Pytester):
     assert "hypothesis profile ci" in out
 
 
+def _fixture_tree(fixture_id: str, dest: Path) -> Path:
+    fixture = next(f for f in known_wrong.discover() if f.id == fixture_id)
+    return known_wrong.materialize(fixture, dest / fixture.name)
+
+
 def test_numeric_failure_report_is_shrunk_and_explains(pytester: pytest.Pytester):
     """A wrong kernel (erf instead of tanh) through pytest: hypothesis shrinks it, the message explains it."""
-    impl = ROOT / "tests" / "fixtures" / "gelu" / "erf"
+    impl = _fixture_tree("gelu/erf", pytester.path)
     result = _run(pytester, str(ASSIGNMENTS / "gelu"), "--impl", str(impl), "-k", "random")
     out = result.stdout.str()
     assert result.ret == 1
@@ -60,7 +67,7 @@ def test_numeric_failure_report_is_shrunk_and_explains(pytester: pytest.Pytester
 
 
 def test_unwritten_elements_are_named(pytester: pytest.Pytester):
-    impl = ROOT / "tests" / "fixtures" / "gelu" / "floor_grid"
+    impl = _fixture_tree("gelu/floor_grid", pytester.path)
     result = _run(pytester, str(ASSIGNMENTS / "gelu"), "--impl", str(impl), "-k", "examples")
     assert "never written" in result.stdout.str()
 

@@ -5,7 +5,6 @@ fed the graded samples), the slowed fixtures' correctness, and the bench table a
 from __future__ import annotations
 
 import argparse
-import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -25,8 +24,9 @@ from grader.speed import thresholds as th
 from grader.speed.thresholds import Threshold, Thresholds
 from grader.speed.timing import FakeClock, StopRule
 
+from . import known_wrong
+
 ROOT = Path(__file__).resolve().parent.parent
-SLOW = Path(__file__).parent / "slow_fixtures"
 ROOF = {"copy_gbps": 20.0, "matmul_tflops": {"float32": 0.002}}
 GPU = "NVIDIA H100 80GB HBM3"
 
@@ -279,36 +279,29 @@ def test_every_speed_spec_is_consistent():
 
 # --- the slowed fixtures: correct, so that they lose only speed credit -------------------------
 
-
-def _slow_fixtures():
-    found = []
-    for module in sorted(SLOW.glob("*/*/*.py")):
-        doc = ast.get_docstring(ast.parse(module.read_text())) or ""
-        parts = [line.split(":", 1)[1].strip() for line in doc.splitlines() if line.startswith("slower:")]
-        found.append(pytest.param(module.parts[-3], module.parts[-2], parts, id=module.parts[-3]))
-    return found
+SLOWED = known_wrong.slowed()
 
 
 def test_slow_fixtures_exist():
-    names = {p.values[0] for p in _slow_fixtures()}
-    assert {"gelu_block32", "softmax_three_reads"} <= names
+    assert {f.id for f in SLOWED} >= {"gelu/block32", "softmax/three_passes", "flash_attention/tiles_16x16"}
 
 
-@pytest.mark.parametrize(("name", "exercise_name", "parts"), _slow_fixtures())
-def test_slow_fixture_is_correct(name, exercise_name, parts):
-    assert parts, f"{name}: its docstring declares no 'slower: <part>' line"
-    exercise = exercises.get(exercise_name)
+@pytest.mark.parametrize("fixture", SLOWED, ids=[f.id for f in SLOWED])
+def test_slow_fixture_is_correct(fixture: known_wrong.Fixture):
+    assert fixture.slower, f"{fixture.id}: its doc declares no 'slower: <part>' line"
+    exercise = exercises.get(fixture.exercise)
     device = configure().device
-    root = SLOW / name
-    for part in map(exercise.part, parts):
-        assert part.benchmarks, f"{name}: {part.name} has no benchmarks to be slower on"
+    root = known_wrong.tree_or_fail(fixture)
+    for part in map(exercise.part, fixture.slower):
+        assert part.benchmarks, f"{fixture.id}: {part.name} has no benchmarks to be slower on"
         module = loader.load(root, exercise, part.functions)
         for case in part.examples:
             if part.skip(case, device) is None:
                 verdict = verdicts.run_case(part, module, case, device)
-                assert verdict.passed, f"{name} must be correct: {verdict.message}"
+                assert verdict.passed, f"{fixture.id} must be correct: {verdict.message}"
         case = next(c for c in part.integrity_examples if part.skip(c, device) is None)
-        verdict = verdicts.run_integrity(part, module, case, device, student_dir=str(root / exercise.name))
+        verdict = verdicts.run_integrity(part, module, case, device,
+                                         student_dir=str(loader.module_path(root, exercise).parent))
         assert verdict.passed, verdict.message
 
 
