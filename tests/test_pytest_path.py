@@ -69,7 +69,15 @@ def test_numeric_failure_report_is_shrunk_and_explains(pytester: pytest.Pytester
 def test_unwritten_elements_are_named(pytester: pytest.Pytester):
     impl = _fixture_tree("gelu/floor_grid", pytester.path)
     result = _run(pytester, str(ASSIGNMENTS / "gelu"), "--impl", str(impl), "-k", "examples")
-    assert "never written" in result.stdout.str()
+    assert "1 element was never written" in result.stdout.str()
+
+
+def test_a_failing_example_says_what_all_the_examples_suggest(pytester: pytest.Pytester):
+    impl = _fixture_tree("gelu/ignores_strides", pytester.path)
+    result = _run(pytester, str(ASSIGNMENTS / "gelu"), "--impl", str(impl), "-k", "examples")
+    out = result.stdout.str()
+    assert result.parseoutcomes().get("failed") == 2, out[-3000:]
+    assert out.count("hint, from all the examples of forward: all 2 failing cases have a non-contiguous input") == 2
 
 
 def test_missing_impl_directory_is_a_usage_error(pytester: pytest.Pytester):

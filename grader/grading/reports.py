@@ -146,6 +146,8 @@ def markdown(report: StudentReport) -> str:
             failure = part.first_failure()
             if part.status == "graded" and failure is not None:
                 out += ["", f"**{part.name}: smallest failing check** ({failure.label}):", "", _fence(failure.message)]
+                if hint := part.layout_hint():
+                    out += ["", f"**{part.name}: hint** (from all its cases): {hint}"]
             for flag in part.flags:
                 out += ["", f"**Integrity flag `{flag['rule']}`** ({part.name}):", "", _fence(flag["message"])]
             rows = part.speed.rows
@@ -242,6 +244,8 @@ def render_html(report: StudentReport) -> str:
             if part.status == "graded" and failure is not None:
                 h.append(f"<h3>{_e(part.name)}: smallest failing check</h3><p><code>{_e(failure.label)}</code></p>"
                          f'<pre class="failure">{_e(failure.message)}</pre>')
+                if hint := part.layout_hint():
+                    h.append(f'<p class="hint"><b>Hint</b> (from all its cases): {_e(hint)}</p>')
             for flag in part.flags:
                 h.append(f'<div class="flag"><b>Integrity flag <code>{_e(flag["rule"])}</code></b> '
                          f"({_e(part.name)})<pre>{_e(flag['message'])}</pre></div>")

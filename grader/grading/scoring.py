@@ -116,6 +116,9 @@ def score_part(exercise: Exercise, spec: Part, part: PartResult, factor: float, 
             failure = part.first_failure()
             if failure:
                 output += f"\nsmallest failing check ({failure.label}):\n{failure.message}"
+            hint = part.layout_hint()
+            if hint:
+                output += f"\nhint, from all {total} checks: {hint}"
         counts = f" ({n}/{total} checks)" if graded else ""
         lines.append(Line(exercise.name, spec.name, "correctness", f"{title}: correctness{counts}",
                           max_c * fraction, max_c, _status(graded and not flagged and fraction == 1.0), output))
