@@ -15,6 +15,7 @@ import pytest
 from grader import exercises
 from grader.grading import config, plan, reports, runner, scoring, submission
 from grader.grading.results import CheckResult, ExerciseResult, PartResult, SpeedResult
+from grader.speed import roofline
 
 ALL = exercises.all_exercises()
 GELU = exercises.get("gelu")
@@ -277,11 +278,21 @@ def test_markdown_gradescope_and_csv(tmp_path):
 
 
 def test_roofline_svg_has_a_point_per_benchmark_and_the_roof():
-    svg = reports.roofline_svg(ROWS, title="t", peak_gbps=3000.0, peak_tflops=700.0)
+    svg = roofline.roofline_svg(ROWS, title="t", peak_gbps=3000.0, peak_tflops=700.0)
     assert svg.startswith("<svg") and svg.count('class="point"') == 2 and "<polyline" in svg
-    bars = reports.roofline_svg([{"label": "copy", "gbps": 900.0, "pct_roofline": 30.0}], title="t")
+    bars = roofline.roofline_svg([{"label": "copy", "gbps": 900.0, "pct_roofline": 30.0}], title="t")
     assert "% of roofline" in bars and bars.count('class="point"') == 1
-    assert reports.roofline_svg([{"label": "x"}], title="t") == ""
+    assert roofline.roofline_svg([{"label": "x"}], title="t") == ""
+    series = roofline.roofline_svg([{**r, "series": s} for r, s in zip(ROWS, ("yours", "torch"))], title="t")
+    assert series.count('r="4.5" fill="#1f77b4"') == 1 and series.count('r="4.5" fill="#ff7f0e"') == 1
+    assert ">torch</text>" in series  # the legend
+    assert roofline.peaks({"copy_gbps": 3000.0, "matmul_tflops": {"a": 600.0, "b": 700.0}}) == (3000.0, 700.0)
+    assert roofline.peaks({}) == (None, None)
+
+
+def test_the_html_report_draws_the_same_roofline(tmp_path):
+    page = reports.render_html(_report(tmp_path))
+    assert roofline.roofline_svg(ROWS, title="gelu / forward", peak_gbps=3000.0, peak_tflops=700.0) in page
 
 
 def test_html_escapes_student_controlled_text(tmp_path):

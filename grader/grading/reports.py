@@ -20,7 +20,6 @@ import csv
 import html
 import io
 import json
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +28,7 @@ from typing import Any
 from grader.grading import store
 from grader.grading.results import ExerciseResult
 from grader.grading.scoring import LINE_REGRADE, ExerciseScore, round_points
+from grader.speed import roofline
 
 
 @dataclass
@@ -254,10 +254,9 @@ def render_html(report: StudentReport) -> str:
             if rows:
                 h.append(f"<h3>{_e(part.name)}: speed</h3><p>{_e(speed.message)}</p>")
                 h.append(_speed_html(rows))
-                roof = speed.roofline
-                peaks = [v for v in (roof.get("matmul_tflops") or {}).values() if _num(v)]
-                h.append(roofline_svg(rows, title=f"{score.exercise} / {part.name}",
-                                      peak_gbps=_num(roof.get("copy_gbps")), peak_tflops=max(peaks) if peaks else None))
+                gbps, tflops = roofline.peaks(speed.roofline)
+                h.append(roofline.roofline_svg(rows, title=f"{score.exercise} / {part.name}", peak_gbps=gbps,
+                                               peak_tflops=tflops))
             elif speed.status != "not graded":
                 h.append(f'<p class="meta">{_e(part.name)}: speed {_e(speed.message)}</p>')
         if result.problems:
@@ -275,103 +274,6 @@ def _speed_html(rows: list[dict]) -> str:
                    + "</tr>")
     out.append("</table>")
     return "".join(out)
-
-
-def _num(value: Any) -> float | None:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) and number > 0 else None
-
-
-def roofline_svg(rows: list[dict], *, title: str = "", peak_gbps: float | None = None,
-                 peak_tflops: float | None = None) -> str:
-    """A log-log roofline plot (FLOP/byte vs TFLOP/s) of the benchmarks, drawn as inline SVG.
-
-    Each benchmark is a filled dot at its achieved throughput and a ring at what the roofline allows
-    at its intensity (achieved ÷ % of roofline). With the GPU's peaks the roof itself is drawn. Rows
-    without FLOP counts (pure bandwidth kernels) are shown as bars of % of roofline instead.
-    """
-    points = []
-    for row in rows:
-        gbps, tflops = _num(row.get("gbps")), _num(row.get("tflops"))
-        if gbps and tflops:
-            pct = _num(row.get("pct_roofline"))
-            attainable = tflops / (pct / 100) if pct else None
-            points.append((str(row.get("label", "")), 1e3 * tflops / gbps, tflops, attainable))
-    if not points:
-        return _pct_bars(rows, title)
-    width, height, left, bottom, top, right = 560, 340, 64, 44, 28, 16
-    xs = [p[1] for p in points]
-    ys = [v for p in points for v in (p[2], p[3]) if v]
-    if peak_tflops:
-        ys.append(peak_tflops)
-    x0, x1 = math.floor(math.log10(min(xs))) - 0.5, math.ceil(math.log10(max(xs))) + 0.5
-    y0, y1 = math.floor(math.log10(min(ys))) - 0.3, math.ceil(math.log10(max(ys))) + 0.3
-
-    def sx(x: float) -> float:
-        return left + (math.log10(x) - x0) / (x1 - x0) * (width - left - right)
-
-    def sy(y: float) -> float:
-        return height - bottom - (math.log10(y) - y0) / (y1 - y0) * (height - bottom - top)
-
-    svg = [f'<svg class="roofline" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-           f'viewBox="0 0 {width} {height}" role="img" aria-label="roofline plot {_e(title)}">',
-           f'<rect x="0" y="0" width="{width}" height="{height}" fill="white"/>',
-           f'<text x="{width / 2}" y="16" text-anchor="middle" font-size="13">Roofline: {_e(title)}</text>']
-    for k in range(math.ceil(x0), math.floor(x1) + 1):
-        x = sx(10.0**k)
-        svg.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{height - bottom}" stroke="#eee"/>'
-                   f'<text x="{x:.1f}" y="{height - bottom + 14}" text-anchor="middle" font-size="10">1e{k}</text>')
-    for k in range(math.ceil(y0), math.floor(y1) + 1):
-        y = sy(10.0**k)
-        svg.append(f'<line x1="{left}" y1="{y:.1f}" x2="{width - right}" y2="{y:.1f}" stroke="#eee"/>'
-                   f'<text x="{left - 6}" y="{y + 3:.1f}" text-anchor="end" font-size="10">1e{k}</text>')
-    svg.append(f'<rect x="{left}" y="{top}" width="{width - left - right}" height="{height - top - bottom}" '
-               'fill="none" stroke="#888"/>')
-    svg.append(f'<text x="{(left + width - right) / 2}" y="{height - 8}" text-anchor="middle" font-size="11">'
-               "arithmetic intensity (FLOP/byte)</text>")
-    svg.append(f'<text x="14" y="{(top + height - bottom) / 2}" text-anchor="middle" font-size="11" '
-               f'transform="rotate(-90 14 {(top + height - bottom) / 2})">TFLOP/s</text>')
-    if peak_gbps and peak_tflops:
-        ridge = 1e3 * peak_tflops / peak_gbps
-        xa, xb = 10.0**x0, 10.0**x1
-        roof = [(xa, min(peak_tflops, peak_gbps * xa / 1e3)), (max(min(ridge, xb), xa), peak_tflops),
-                (xb, peak_tflops)]
-        pts = " ".join(f"{sx(x):.1f},{sy(max(y, 10.0**y0)):.1f}" for x, y in roof)
-        svg.append(f'<polyline points="{pts}" fill="none" stroke="#444" stroke-width="2"/>')
-    for label, x, achieved, attainable in points:
-        if attainable:
-            svg.append(f'<line x1="{sx(x):.1f}" y1="{sy(achieved):.1f}" x2="{sx(x):.1f}" y2="{sy(attainable):.1f}" '
-                       'stroke="#99b" stroke-dasharray="3,3"/>'
-                       f'<circle cx="{sx(x):.1f}" cy="{sy(attainable):.1f}" r="5" fill="none" stroke="#336"/>')
-        svg.append(f'<circle class="point" cx="{sx(x):.1f}" cy="{sy(achieved):.1f}" r="4.5" fill="#1f77b4">'
-                   f"<title>{_e(label)}: {achieved:.3g} TFLOP/s at {x:.3g} FLOP/byte</title></circle>"
-                   f'<text x="{sx(x) + 7:.1f}" y="{sy(achieved) - 6:.1f}" font-size="10">{_e(label)}</text>')
-    svg.append("</svg>")
-    return "".join(svg)
-
-
-def _pct_bars(rows: list[dict], title: str) -> str:
-    bars = [(str(r.get("label", "")), _num(r.get("pct_roofline"))) for r in rows]
-    bars = [(label, pct) for label, pct in bars if pct]
-    if not bars:
-        return ""
-    width, row_h, left = 560, 22, 180
-    height = 34 + row_h * len(bars)
-    svg = [f'<svg class="roofline" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-           f'viewBox="0 0 {width} {height}" role="img" aria-label="percent of roofline {_e(title)}">',
-           f'<text x="{width / 2}" y="16" text-anchor="middle" font-size="13">% of roofline: {_e(title)}</text>']
-    for i, (label, pct) in enumerate(bars):
-        y = 26 + i * row_h
-        w = (width - left - 60) * min(pct, 100.0) / 100.0
-        svg.append(f'<text x="{left - 6}" y="{y + 13}" text-anchor="end" font-size="11">{_e(label)}</text>'
-                   f'<rect x="{left}" y="{y}" width="{width - left - 60}" height="{row_h - 6}" fill="#eee"/>'
-                   f'<rect class="point" x="{left}" y="{y}" width="{w:.1f}" height="{row_h - 6}" fill="#1f77b4"/>'
-                   f'<text x="{left + w + 4:.1f}" y="{y + 13}" font-size="11">{pct:.0f}%</text>')
-    svg.append("</svg>")
-    return "".join(svg)
 
 
 # ---------------------------------------------------------------------------------------- gradebook
