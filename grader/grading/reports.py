@@ -11,7 +11,9 @@
 
 A part that needs a regrade (a fault of the grader, not the student's) is said so everywhere: its lines
 read "needs regrade" and carry no score, the totals say how many points wait for it, and the gradebook has
-a ``needs_regrade`` column. A student's files are rewritten as soon as each of their exercises is graded.
+a ``needs_regrade`` column. Points this device cannot award (speed, graded on a CPU) are said so too: the
+reports give the maximum here next to the course's, and why (the gradebook's ``speed_unavailable``). A
+student's files are rewritten as soon as each of their exercises is graded.
 """
 
 from __future__ import annotations
@@ -55,6 +57,11 @@ class StudentReport:
         """Points waiting for a regrade."""
         return sum(s.pending for s, _ in self.exercises)
 
+    @property
+    def unavailable(self) -> float:
+        """Points this device cannot award (left out of ``max_score``)."""
+        return sum(s.unavailable_points for s, _ in self.exercises)
+
     def regrade_parts(self) -> list[str]:
         return [f"{r.exercise}/{name}" for _, r in self.exercises for name in r.regrade_parts()]
 
@@ -70,6 +77,16 @@ def _total(score: float, max_score: float, pending: float) -> str:
 
 REGRADE_NOTE = ("Some parts need a regrade: the grader failed while judging them (a fault of the grader, not of "
                 "your code). They are not scored yet; the total will change when they are regraded.")
+
+
+def unavailable_note(report: StudentReport) -> str:
+    """Why the maximum is below the course's: the points this device cannot award, and the reason ("" if none)."""
+    missing = report.unavailable
+    if missing <= 0:
+        return ""
+    reasons = sorted({u.reason for s, _ in report.exercises for u in s.unavailable})
+    return (f"The maximum here is {_pts(report.max_score)} points, not {_pts(report.max_score + missing)}: the "
+            f"other {_pts(missing)} are speed points, not available in this run — " + "; ".join(reasons) + ".")
 
 
 # ------------------------------------------------------------------------------------- gradescope
@@ -95,6 +112,8 @@ def gradescope(report: StudentReport) -> dict[str, Any]:
             tests.append({"name": f"{score.exercise}: problems while grading", "score": 0.0, "max_score": 0.0,
                           "status": "failed", "output": "\n\n".join(result.problems), "visibility": "visible"})
     output = [f"Graded with {report.device}."] + [f"Submission problem: {p}" for p in report.problems]
+    if note := unavailable_note(report):
+        output.append(note)
     if report.pending > 0:
         output.insert(0, f"NEEDS REGRADE: {', '.join(report.regrade_parts())}. {REGRADE_NOTE}")
     return {
@@ -121,9 +140,11 @@ def _fence(text: str) -> str:
 def markdown(report: StudentReport) -> str:
     out = [f"# Grade report: {report.student}", ""]
     out.append(f"**Total: {_total(report.score, report.max_score, report.pending)} points** — graded with "
-               f"{report.device}; {report.started}, {report.elapsed_s:.1f} s. Submission: `{report.source}` "
-               f"({report.kind}).")
+               f"{report.device}; {report.started}, {report.elapsed_s:.1f} s of grading (its exercises' times "
+               f"added up). Submission: `{report.source}` ({report.kind}).")
     out.append("")
+    if note := unavailable_note(report):
+        out += [f"> {note}", ""]
     if report.pending > 0:
         out += [f"> **Needs regrade** ({', '.join(report.regrade_parts())}): {REGRADE_NOTE}", ""]
     for problem in report.problems:
@@ -142,6 +163,9 @@ def markdown(report: StudentReport) -> str:
         for line in score.lines:
             points = "–" if line.status == LINE_REGRADE else _pts(line.score)
             out.append(f"| {line.name} | {points} / {_pts(line.max_score)} | {line.status} |")
+        for u in score.unavailable:
+            out.append(f"| {score.exercise} / {u.part}: speed | – / {_pts(u.points)} (not counted) | not available: "
+                       f"{u.reason} |")
         for part in result.parts:
             failure = part.first_failure()
             if part.status == "graded" and failure is not None:
@@ -200,6 +224,7 @@ th{background:#f4f4f4}td.num{text-align:right;font-variant-numeric:tabular-nums}
 pre{background:#f7f7f7;padding:.6rem;overflow-x:auto;white-space:pre-wrap;font-size:.85rem}
 .problem{background:#fff8e1;border-left:4px solid #f0a000;padding:.4rem .8rem}
 .regrade{background:#eef3ff;border-left:4px solid #3557b7;padding:.4rem .8rem;color:#3557b7;font-weight:600}
+.unavailable{background:#f4f4f4;border-left:4px solid #888;padding:.4rem .8rem}
 svg text{font-family:inherit}
 """
 
@@ -214,8 +239,11 @@ def render_html(report: StudentReport) -> str:
          f'<h1 id="student">Grade report: {_e(report.student)}</h1>',
          f'<p class="total" id="total">Total: <b>{_e(_total(report.score, report.max_score, report.pending))}</b> '
          "points</p>",
-         f'<p class="meta">Graded with {_e(report.device)}; {_e(report.started)}, {report.elapsed_s:.1f} s. '
-         f"Submission: <code>{_e(report.source)}</code> ({_e(report.kind)}).</p>"]
+         f'<p class="meta">Graded with {_e(report.device)}; {_e(report.started)}, {report.elapsed_s:.1f} s of '
+         f"grading (its exercises' times added up). Submission: <code>{_e(report.source)}</code> "
+         f"({_e(report.kind)}).</p>"]
+    if note := unavailable_note(report):
+        h.append(f'<p class="unavailable" id="speed-unavailable">{_e(note)}</p>')
     if report.pending > 0:
         h.append(f'<p class="regrade" id="needs-regrade"><b>Needs regrade</b> '
                  f"({_e(', '.join(report.regrade_parts()))}): {_e(REGRADE_NOTE)}</p>")
@@ -238,6 +266,9 @@ def render_html(report: StudentReport) -> str:
             points = "–" if line.status == LINE_REGRADE else _pts(line.score)
             h.append(f"<tr><td>{_e(line.name)}</td><td class=\"num\">{points} / {_pts(line.max_score)}"
                      f'</td><td class="{mark}">{_e(line.status)}</td></tr>')
+        for u in score.unavailable:
+            h.append(f"<tr><td>{_e(score.exercise)} / {_e(u.part)}: speed</td><td class=\"num\">– / "
+                     f"{_pts(u.points)} (not counted)</td><td>not available: {_e(u.reason)}</td></tr>")
         h.append("</table>")
         for part in result.parts:
             failure = part.first_failure()
@@ -283,7 +314,7 @@ def gradebook_csv(reports: list[StudentReport], exercise_names: list[str]) -> st
     buf = io.StringIO()
     writer = csv.writer(buf)
     writer.writerow(["student", "total", "max_total", *exercise_names, *(f"{n}_status" for n in exercise_names),
-                     "pending_regrade", "needs_regrade", "source", "problems"])
+                     "pending_regrade", "needs_regrade", "source", "problems", "speed_unavailable"])
     for report in sorted(reports, key=lambda r: r.student):
         by_name = {s.exercise: s for s, _ in report.exercises}
         scores = [_pts(by_name[n].score) if n in by_name else "" for n in exercise_names]
@@ -292,7 +323,8 @@ def gradebook_csv(reports: list[StudentReport], exercise_names: list[str]) -> st
             f"{s.exercise}: {r.problems[0].splitlines()[0]}" for s, r in report.exercises if r.problems
         ])
         writer.writerow([report.student, _pts(report.score), _pts(report.max_score), *scores, *statuses,
-                         _pts(report.pending), "; ".join(report.regrade_parts()), report.source, problems])
+                         _pts(report.pending), "; ".join(report.regrade_parts()), report.source, problems,
+                         _pts(report.unavailable)])
     return buf.getvalue()
 
 
@@ -322,12 +354,18 @@ def write_student(out: Path, report: StudentReport) -> None:
 def summary_table(reports: list[StudentReport], exercise_names: list[str], title: str = "Grades"):
     from rich.table import Table
 
-    table = Table(title=title)
+    caption = ["time: a student's exercise runs added up (runs overlap: the batch's wall time follows the table)"]
+    missing = max((r.unavailable for r in reports), default=0.0)
+    if missing > 0:
+        reasons = sorted({u.reason for r in reports for s, _ in r.exercises for u in s.unavailable})
+        caption.append(f"total: out of the points available here; {_pts(missing)} speed points are not — "
+                       + "; ".join(reasons))
+    table = Table(title=title, caption="\n".join(caption))
     table.add_column("student")
     for name in exercise_names:
         table.add_column(name, justify="right")
     table.add_column("total", justify="right")
-    table.add_column("time", justify="right")
+    table.add_column("time (sum)", justify="right")
     for report in sorted(reports, key=lambda r: r.student):
         by_name = {s.exercise: s for s, _ in report.exercises}
         cells = []
