@@ -93,9 +93,9 @@ def test_every_extra_case_is_in_range():
 
 # ---------------------------------------------------------------------- FlashAttention's autotuning
 
-# The autotuner caches one config per key. Its key once lacked the input dtype (tensor descriptors carry none),
-# so an fp32 call reused the tiles tuned for a bf16 call of the same shape, tiles that need more shared memory than
-# a GPU has in fp32: the launch failed with OutOfResources. These calls are big enough to be autotuned.
+# The autotuner caches one config per key. Without the element size in the key (tensor descriptors carry no dtype),
+# an fp32 call would reuse the tiles tuned for a bf16 call of the same shape, tiles that need more shared memory
+# than a GPU has in fp32: the launch would fail with OutOfResources. These calls are big enough to be autotuned.
 
 
 @pytest.fixture(scope="module")
