@@ -1,10 +1,13 @@
 """GPU acceptance (``pytest -m gpu``): the reference solutions are right where the interpreter never runs them —
 at the benchmark sizes they are timed at, in bf16 and fp16, on transposed inputs — judged exactly as the grader
-judges a submission (float64 reference on the CPU, the spec's GPU tolerances); and FlashAttention's autotuner
-keeps fp32 calls apart from bf16 ones. Skipped on a CPU (the check of the case list itself runs everywhere)."""
+judges a submission (float64 reference on the CPU, the spec's GPU tolerances); the students' tests pass on them
+compiled for the GPU; and FlashAttention's autotuner keeps fp32 calls apart from bf16 ones. Skipped on a CPU (the
+check of the case list itself runs everywhere)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,7 +19,8 @@ from grader.checks import loader, verdicts
 from grader.checks.spec import Case
 from grader.exercises import flash_attention as fa_spec
 
-SOLUTIONS = Path(__file__).resolve().parent.parent / "solutions"
+ROOT = Path(__file__).resolve().parent.parent
+SOLUTIONS = ROOT / "solutions"
 
 
 def _fa(lead, nq, nk, d, dtype, causal) -> Case:
@@ -82,6 +86,17 @@ def test_reference_is_right_at_gpu_sizes(exercise_name: str, part_name: str, cas
     module = loader.load(SOLUTIONS, exercise, part.functions)
     verdict = verdicts.run_case(part, module, case, "cuda")
     assert verdict.passed, verdict.message
+
+
+@pytest.mark.gpu
+def test_the_students_tests_pass_on_the_references_on_the_gpu():
+    """The course staff's check (README) on a GPU: every example, random case (bf16 included), integrity rule, bad
+    input and extra check of every exercise, compiled for the GPU instead of interpreted."""
+    proc = subprocess.run([sys.executable, "-m", "pytest", "assignments", "--impl", "solutions", "-m", "not speed",
+                           "-q", "-p", "no:cacheprovider", "--hypothesis-profile", "ci"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
+    assert " passed" in proc.stdout.strip().splitlines()[-1]
 
 
 def test_every_extra_case_is_in_range():
