@@ -15,6 +15,7 @@ import pytest
 from grader import exercises
 from grader.grading import config, plan, reports, runner, scoring, submission
 from grader.grading.results import CheckResult, ExerciseResult, PartResult, SpeedResult
+from grader.speed import roofline
 
 ALL = exercises.all_exercises()
 GELU = exercises.get("gelu")
@@ -226,6 +227,50 @@ def test_speed_is_worth_nothing_where_it_was_not_measured():
         assert speed_line.component == "speed" and speed_line.score == pytest.approx(speed_line.max_score / 2)
 
 
+def test_reports_say_which_points_a_cpu_cannot_award_and_why(tmp_path):
+    result = _result()
+    result.device = {"kind": "cpu"}
+    score = scoring.score_exercise(GELU, result, _course(total=100.0), (GELU,))
+    speed_points = 100.0 * GELU.parts[0].speed_points / GELU.max_points
+    assert score.unavailable_points == pytest.approx(speed_points) and score.max_score == pytest.approx(
+        100.0 - speed_points)
+    report = reports.StudentReport("ann", "/subs/ann", "directory", [], "CPU via the Triton interpreter",
+                                   [(score, result)], 12.0)
+    note = (f"The maximum here is {100 - speed_points:.2f} points, not 100: the other {speed_points:.2f} are speed "
+            "points, not available in this run — speed is measured on a GPU only (here the kernels ran in the "
+            "Triton interpreter).")
+    assert note in reports.markdown(report)
+    assert "| gelu / forward: speed | – / 33.33 (not counted) | not available:" in reports.markdown(report)
+    assert 'id="speed-unavailable"' in reports.render_html(report)
+    assert note in reports.gradescope(report)["output"]
+    header, row = reports.gradebook_csv([report], ["gelu"]).splitlines()[:2]
+    assert header.endswith(",speed_unavailable") and row.endswith(",33.33")
+    assert "12.0 s of grading (its exercises' times added up)" in reports.markdown(report)
+    from rich.console import Console
+
+    console = Console(record=True, width=200)
+    console.print(reports.summary_table([report], ["gelu"]))
+    text = " ".join(console.export_text().split())  # the caption wraps at the table's width
+    assert "time (sum)" in text and "the batch's wall time follows the table" in text
+    assert "33.33 speed points are not — speed is measured on a GPU only" in text
+
+
+def test_on_a_gpu_an_unmeasured_part_scores_zero_speed_instead_of_shrinking_the_maximum():
+    result = _result(speed=SpeedResult("not measured", "not measured: not implemented"))
+    result.device = {"kind": "cuda"}
+    score = scoring.score_exercise(GELU, result, _course(total=100.0), (GELU,))
+    speed = score.lines[-1]
+    assert speed.component == "speed" and speed.score == 0 and speed.max_score > 0 and not speed.passed
+    assert "not implemented" in speed.output and score.unavailable == []
+    assert score.max_score == pytest.approx(100.0)
+
+
+def test_one_check_is_one_check():
+    result = _result(passed=(False,))
+    line = scoring.score_exercise(GELU, result, _course(total=100.0), (GELU,)).lines[0]
+    assert "0 of 1 check passed" in line.output
+
+
 def test_not_submitted_scores_zero_with_the_reason(tmp_path):
     settings = _settings(tmp_path)
     result = runner.grade_exercise(GELU, tmp_path / "empty", settings=settings, scratch=tmp_path / "scratch")
@@ -277,11 +322,21 @@ def test_markdown_gradescope_and_csv(tmp_path):
 
 
 def test_roofline_svg_has_a_point_per_benchmark_and_the_roof():
-    svg = reports.roofline_svg(ROWS, title="t", peak_gbps=3000.0, peak_tflops=700.0)
+    svg = roofline.roofline_svg(ROWS, title="t", peak_gbps=3000.0, peak_tflops=700.0)
     assert svg.startswith("<svg") and svg.count('class="point"') == 2 and "<polyline" in svg
-    bars = reports.roofline_svg([{"label": "copy", "gbps": 900.0, "pct_roofline": 30.0}], title="t")
+    bars = roofline.roofline_svg([{"label": "copy", "gbps": 900.0, "pct_roofline": 30.0}], title="t")
     assert "% of roofline" in bars and bars.count('class="point"') == 1
-    assert reports.roofline_svg([{"label": "x"}], title="t") == ""
+    assert roofline.roofline_svg([{"label": "x"}], title="t") == ""
+    series = roofline.roofline_svg([{**r, "series": s} for r, s in zip(ROWS, ("yours", "torch"))], title="t")
+    assert series.count('r="4.5" fill="#1f77b4"') == 1 and series.count('r="4.5" fill="#ff7f0e"') == 1
+    assert ">torch</text>" in series  # the legend
+    assert roofline.peaks({"copy_gbps": 3000.0, "matmul_tflops": {"a": 600.0, "b": 700.0}}) == (3000.0, 700.0)
+    assert roofline.peaks({}) == (None, None)
+
+
+def test_the_html_report_draws_the_same_roofline(tmp_path):
+    page = reports.render_html(_report(tmp_path))
+    assert roofline.roofline_svg(ROWS, title="gelu / forward", peak_gbps=3000.0, peak_tflops=700.0) in page
 
 
 def test_html_escapes_student_controlled_text(tmp_path):

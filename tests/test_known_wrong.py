@@ -1,6 +1,7 @@
 """Every known-wrong fixture fails the check it declares, with a message naming what is wrong, and passes
 the checks it declares it passes (it fails on the right test). Together the fixtures show every kind of
-check of every part failing (speed excepted: it needs a GPU, see tests/test_gpu.py)."""
+check of every part failing (speed excepted: it needs a GPU, see tests/test_gpu_speed.py). An edit fixture
+that no longer applies to the current solution fails with the edit that broke."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from grader.checks import cases as cases_mod
 from grader.checks import catalog, execute, loader, verdicts
 from grader.checks.runtime import configure
 
-from .known_wrong import KnownWrong, discover
+from .known_wrong import Edit, EditError, KnownWrong, apply_edits, discover, tree_or_fail
 
 FIXTURES = discover()
 N_RANDOM = 12  # random cases on top of the examples
@@ -27,7 +28,7 @@ def _verdicts(fixture: KnownWrong, part_name: str, what: str) -> dict[str, list[
     part = exercise.part(part_name)
     device = configure().device
     try:
-        module = loader.load(fixture.root, exercise, part.functions)
+        module = loader.load(tree_or_fail(fixture), exercise, part.functions)
     except loader.LoadError as exc:  # the load itself is the check that fires
         return {what: [verdicts.Verdict(False, str(exc))]}
     student_dir = str(loader.module_path(fixture.root, exercise).parent)
@@ -53,6 +54,9 @@ def _verdicts(fixture: KnownWrong, part_name: str, what: str) -> dict[str, list[
 
 def _all(found: dict[str, list[verdicts.Verdict]]) -> list[verdicts.Verdict]:
     return [v for verdict_list in found.values() for v in verdict_list]
+
+
+EDITED = [f for f in FIXTURES if f.edits]
 
 
 def test_every_exercise_has_fixtures():
@@ -93,6 +97,21 @@ def test_every_check_is_shown_to_fail_on_a_known_wrong_fixture(exercise):
     missing = sorted(wanted - failing)
     assert not missing, f"{exercise.name}: no known-wrong fixture shows these checks failing: " + ", ".join(
         f"{p}.{k}" for p, k in missing)
+
+
+@pytest.mark.parametrize("fixture", EDITED, ids=[f.id for f in EDITED])
+def test_every_edit_applies_to_the_current_solution(fixture: KnownWrong):
+    root = tree_or_fail(fixture)
+    assert loader.module_path(root, exercises.get(fixture.exercise)).is_file()
+
+
+def test_an_edit_that_no_longer_applies_says_which_and_why():
+    source = "a = 1\nb = 2\nb = 2\n"
+    assert apply_edits(source, (Edit("a = 1", "a = 3"),), where="f.toml", base="s.py") == "a = 3\nb = 2\nb = 2\n"
+    with pytest.raises(EditError, match=r"f\.toml: edit 2 no longer applies to s\.py: its old text occurs 0 times"):
+        apply_edits(source, (Edit("a = 1", "a = 3"), Edit("c = 1", "")), where="f.toml", base="s.py")
+    with pytest.raises(EditError, match="occurs 2 times there"):
+        apply_edits(source, (Edit("b = 2", ""),), where="f.toml", base="s.py")
 
 
 def test_a_fixture_tree_never_imports_the_grader_helpers():

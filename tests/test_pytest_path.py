@@ -9,6 +9,8 @@ import pytest
 
 from grader import exercises
 
+from . import known_wrong
+
 ROOT = Path(__file__).resolve().parents[1]
 ASSIGNMENTS = ROOT / "assignments"
 
@@ -48,21 +50,35 @@ def test_header_says_which_mode_is_active(pytester: pytest.Pytester):
     assert "hypothesis profile ci" in out
 
 
+def _fixture_tree(fixture_id: str, dest: Path) -> Path:
+    fixture = next(f for f in known_wrong.discover() if f.id == fixture_id)
+    return known_wrong.materialize(fixture, dest / fixture.name)
+
+
 def test_numeric_failure_report_is_shrunk_and_explains(pytester: pytest.Pytester):
     """A wrong kernel (erf instead of tanh) through pytest: hypothesis shrinks it, the message explains it."""
-    impl = ROOT / "tests" / "fixtures" / "gelu" / "erf"
+    impl = _fixture_tree("gelu/erf", pytester.path)
     result = _run(pytester, str(ASSIGNMENTS / "gelu"), "--impl", str(impl), "-k", "random")
     out = result.stdout.str()
     assert result.ret == 1
     assert "Falsifying example" in out or "Failing test case" in out  # hypothesis' wording varies by version
-    for needle in ("case=Case(", "elements differ", "max abs error", "first mismatches", "strides"):
+    for needle in ("case=Case(", "max abs error", "first mismatches", "strides"):
         assert needle in out, f"{needle!r} missing from:\n{out[-3000:]}"
+    assert re.search(r"y: \d+ of \d+ elements? differs?", out), out[-3000:]
 
 
 def test_unwritten_elements_are_named(pytester: pytest.Pytester):
-    impl = ROOT / "tests" / "fixtures" / "gelu" / "floor_grid"
+    impl = _fixture_tree("gelu/floor_grid", pytester.path)
     result = _run(pytester, str(ASSIGNMENTS / "gelu"), "--impl", str(impl), "-k", "examples")
-    assert "never written" in result.stdout.str()
+    assert "1 element was never written" in result.stdout.str()
+
+
+def test_a_failing_example_says_what_all_the_examples_suggest(pytester: pytest.Pytester):
+    impl = _fixture_tree("gelu/ignores_strides", pytester.path)
+    result = _run(pytester, str(ASSIGNMENTS / "gelu"), "--impl", str(impl), "-k", "examples")
+    out = result.stdout.str()
+    assert result.parseoutcomes().get("failed") == 2, out[-3000:]
+    assert out.count("hint, from all the examples of forward: all 2 failing cases have a non-contiguous input") == 2
 
 
 def test_missing_impl_directory_is_a_usage_error(pytester: pytest.Pytester):

@@ -1,13 +1,16 @@
 """``grader release``: the student release holds what ``pytest assignments/`` needs, no solution code and no
-staff material, its tests run inside it (every stub: "not implemented"), and its notebooks are valid
+staff material; its stubs come from the last commit (a solved stub in the working tree is refused, by name); its
+tests run inside it (every stub: "not implemented", and a solved one is caught); its notebooks are valid
 submissions whose test cell works.
 
-The release is run with its own ``grader`` package: the development checkout is installed in editable
-mode, so the subprocesses drop that install's import hook and put the release first on ``sys.path``.
+The release is run with its own ``grader`` package, first on the path (``PYTHONPATH``); the development checkout
+is installed in editable mode, so the subprocesses drop that install's import hook (it would supply the modules
+the release leaves out).
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -22,12 +25,13 @@ from grader.grading import submission
 
 REPO = Path(__file__).resolve().parent.parent
 BOOT = ("import sys; sys.meta_path[:] = [f for f in sys.meta_path "
-        "if 'Editable' not in getattr(f, '__name__', type(f).__name__)]; sys.path.insert(0, sys.argv.pop(1)); ")
+        "if 'Editable' not in getattr(f, '__name__', type(f).__name__)]; ")
 
 
 def _python(release: Path, code: str, *args: str, cwd: Path | None = None, timeout: int = 300):
-    return subprocess.run([sys.executable, "-c", BOOT + code, str(release), *args], cwd=cwd or release,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, "-c", BOOT + code, *args], cwd=cwd or release,
+                          env={**os.environ, "PYTHONPATH": str(release)}, capture_output=True, text=True,
+                          timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -71,18 +75,49 @@ def test_audit_catches_solution_code_anywhere(release, tmp_path):
     assert any(leak.startswith("notebooks/gelu.ipynb:") for leak in leaks)
 
 
-def test_pytest_assignments_runs_inside_the_release(release):
+def test_the_release_runs_its_own_grader_and_its_tests_show_every_stub_unimplemented(release):
     where = _python(release, "import grader; print(grader.__file__)")
     assert where.stdout.strip() == str(release / "grader" / "__init__.py"), where.stderr
-    result = _python(release, "import pytest; sys.exit(pytest.main(sys.argv[1:]))", "assignments", "-q",
-                     "-p", "no:cacheprovider")
-    out = result.stdout
-    assert result.returncode == 1, out[-3000:] + result.stderr[-3000:]
-    assert "error" not in out.splitlines()[-1], out[-3000:]  # failures, not collection errors
-    for exercise in exercises.all_exercises():
-        assert f"{exercise.parts[0].functions[0]} is not implemented yet — see assignments/{exercise.name}/README.md" \
-            in out or "not implemented yet" in out
-    assert out.count("is not implemented yet") >= len(exercises.all_exercises())
+    # the release fixture's `grader release` ran the release's tests (its self-check) and they passed it
+    assert release_mod.run_self_check(release) == []
+
+
+def test_the_self_check_catches_a_solved_stub(release, tmp_path):
+    copy = tmp_path / "solved"
+    shutil.copytree(release, copy)
+    shutil.copy(REPO / "solutions" / "softmax" / "softmax.py", copy / "assignments" / "softmax" / "softmax.py")
+    problems = release_mod.run_self_check(copy)
+    assert len(problems) == 1 and problems[0].startswith("assignments/softmax: its stub did not fail"), problems
+
+
+def _git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
+
+
+def test_release_is_built_from_the_last_commit_and_refuses_a_solved_stub(tmp_path):
+    repo = tmp_path / "course"
+    for rel in ("assignments", "grader"):
+        shutil.copytree(REPO / rel, repo / rel, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "pyproject.toml", repo / "pyproject.toml")
+    _git(repo, "init", "-q")
+    _git(repo, "add", "-A")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "course")
+    stub = repo / "assignments" / "gelu" / "gelu.py"
+    stub.write_text((REPO / "solutions" / "gelu" / "gelu.py").read_text())  # solved while trying it out
+    (repo / "assignments" / "gelu" / "notes.txt").write_text("scratch")
+    with pytest.raises(release_mod.ReleaseError) as refused:
+        release_mod.build(tmp_path / "out", repo=repo, self_check=False)
+    message = str(refused.value)
+    assert "assignments/ differs from the last commit" in message
+    assert "assignments/gelu/gelu.py" in message and "assignments/gelu/notes.txt" in message
+    assert not (tmp_path / "out").exists()
+    _git(repo, "checkout", "--", "assignments")
+    (repo / "assignments" / "gelu" / "notes.txt").unlink()
+    release_mod.build(tmp_path / "out", repo=repo, self_check=False)
+    assert (tmp_path / "out" / "assignments" / "gelu" / "gelu.py").read_bytes() == (
+        REPO / "assignments" / "gelu" / "gelu.py").read_bytes()
+    with pytest.raises(release_mod.ReleaseError, match="is not a git checkout"):
+        release_mod.committed_assignments(tmp_path / "out")
 
 
 def test_release_cli_has_the_student_commands_only(release):

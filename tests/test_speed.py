@@ -1,11 +1,11 @@
 """Speed grading on a CPU: measuring with a fake clock (cached results caught, errors named), credit
 (ratios, messages, uncalibrated GPUs, the post-timing recheck), the pytest speed tests (skipped on CPU,
-fed the graded samples), the slowed fixtures' correctness, and the bench table and plot."""
+fed the graded samples), the slowed fixtures' correctness, and grader bench's table, rounds, options and
+roofline chart."""
 
 from __future__ import annotations
 
 import argparse
-import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -25,8 +25,9 @@ from grader.speed import thresholds as th
 from grader.speed.thresholds import Threshold, Thresholds
 from grader.speed.timing import FakeClock, StopRule
 
+from . import known_wrong
+
 ROOT = Path(__file__).resolve().parent.parent
-SLOW = Path(__file__).parent / "slow_fixtures"
 ROOF = {"copy_gbps": 20.0, "matmul_tflops": {"float32": 0.002}}
 GPU = "NVIDIA H100 80GB HBM3"
 
@@ -279,36 +280,29 @@ def test_every_speed_spec_is_consistent():
 
 # --- the slowed fixtures: correct, so that they lose only speed credit -------------------------
 
-
-def _slow_fixtures():
-    found = []
-    for module in sorted(SLOW.glob("*/*/*.py")):
-        doc = ast.get_docstring(ast.parse(module.read_text())) or ""
-        parts = [line.split(":", 1)[1].strip() for line in doc.splitlines() if line.startswith("slower:")]
-        found.append(pytest.param(module.parts[-3], module.parts[-2], parts, id=module.parts[-3]))
-    return found
+SLOWED = known_wrong.slowed()
 
 
 def test_slow_fixtures_exist():
-    names = {p.values[0] for p in _slow_fixtures()}
-    assert {"gelu_block32", "softmax_three_reads"} <= names
+    assert {f.id for f in SLOWED} >= {"gelu/block32", "softmax/three_passes", "flash_attention/tiles_16x16"}
 
 
-@pytest.mark.parametrize(("name", "exercise_name", "parts"), _slow_fixtures())
-def test_slow_fixture_is_correct(name, exercise_name, parts):
-    assert parts, f"{name}: its docstring declares no 'slower: <part>' line"
-    exercise = exercises.get(exercise_name)
+@pytest.mark.parametrize("fixture", SLOWED, ids=[f.id for f in SLOWED])
+def test_slow_fixture_is_correct(fixture: known_wrong.Fixture):
+    assert fixture.slower, f"{fixture.id}: its doc declares no 'slower: <part>' line"
+    exercise = exercises.get(fixture.exercise)
     device = configure().device
-    root = SLOW / name
-    for part in map(exercise.part, parts):
-        assert part.benchmarks, f"{name}: {part.name} has no benchmarks to be slower on"
+    root = known_wrong.tree_or_fail(fixture)
+    for part in map(exercise.part, fixture.slower):
+        assert part.benchmarks, f"{fixture.id}: {part.name} has no benchmarks to be slower on"
         module = loader.load(root, exercise, part.functions)
         for case in part.examples:
             if part.skip(case, device) is None:
                 verdict = verdicts.run_case(part, module, case, device)
-                assert verdict.passed, f"{name} must be correct: {verdict.message}"
+                assert verdict.passed, f"{fixture.id} must be correct: {verdict.message}"
         case = next(c for c in part.integrity_examples if part.skip(c, device) is None)
-        verdict = verdicts.run_integrity(part, module, case, device, student_dir=str(root / exercise.name))
+        verdict = verdicts.run_integrity(part, module, case, device,
+                                         student_dir=str(loader.module_path(root, exercise).parent))
         assert verdict.passed, verdict.message
 
 
@@ -333,25 +327,59 @@ def test_bench_table_and_plot(tmp_path, monkeypatch):
     yours = next(r for r in rows if r["impl"] == "yours")
     assert yours["vs_baseline"] == pytest.approx(1 / 1.5) and yours["credit"]["credit"] < 1
     assert {r["impl"] for r in rows} == {"yours", "torch", "copy", "extra"}
-    console = Console(record=True, width=200)
+    extra = next(r for r in rows if r["impl"] == "extra")
+    assert extra["yours_faster"] == pytest.approx(5.0 / 1.5) and yours["yours_faster"] is None
+    console = Console(record=True, width=220)
     bench.render(result, rows, console)
     text = console.export_text()
     for expected in ("toy · forward on NVIDIA H100", "GB/s", "% roofline", "vs torch", "0.67×", "1.500 ms",
-                     "roofline: copy 20 GB/s", "error", "RuntimeError: boom"):
+                     "roofline: copy 20 GB/s", "error", "RuntimeError: boom", "yours ×", "3.33×"):
         assert expected in text
-    pytest.importorskip("matplotlib")
-    png = bench.plot([(result, rows)], tmp_path / "gelu.png")
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    svg = bench.write_plot([(result, rows)], tmp_path / "toy.svg")
+    text = svg.read_text()
+    assert text.startswith("<svg") and text.count("<svg") == 2  # the stack and one chart
+    assert text.count('class="point"') == 4 and "yours" in text  # one per implementation with a number
+    page = bench.write_plot([(result, rows), (result, rows)], tmp_path / "toy.html", "CUDA on a GPU")
+    html = page.read_text()
+    assert html.startswith("<!DOCTYPE html>") and html.count("<svg") == 2 and "CUDA on a GPU" in html
+
+
+def test_bench_rounds_report_the_median_of_the_medians():
+    clock = FakeClock()
+    part = _toy_part(clock)
+    rows = [_measure(part, _module(clock, ms), clock) for ms in (0.5, 0.7, 0.6)]
+    combined = bench.combine_rounds(rows)
+    assert combined.median("student") == pytest.approx(0.6) and combined.times["student"].n == 3
+    assert combined.median("torch") == pytest.approx(1.0) and combined.stop == "3 rounds"
+    assert combined.rounds == sum(r.rounds for r in rows)
+    broken = measure.BenchmarkTiming("n1024", error="boom")
+    assert bench.combine_rounds([rows[0], broken]).error == "boom"
+    assert bench.combine_rounds(rows[:1]) is rows[0]
+
+
+def _bench_args(**changes) -> argparse.Namespace:
+    values = dict(exercise="gelu", part=None, benchmark=None, plot=None, impl="solutions", baselines=None,
+                  budget_s=1.0, rounds=None, leaderboard=False, json=None)
+    return argparse.Namespace(**{**values, **changes})
 
 
 def test_bench_and_calibrate_need_a_gpu(capsys):
-    args = argparse.Namespace(exercise="gelu", part=None, plot=None, impl="solutions", baselines=None, budget_s=1.0,
-                              json=None)
-    assert bench.run(args) == 2
+    assert bench.run(_bench_args()) == 2
     assert "grader bench: needs a CUDA GPU" in capsys.readouterr().err
-    args.exercise = "nope"
-    assert bench.run(args) == 2
+    assert bench.run(_bench_args(exercise="flash_attention", leaderboard=True)) == 2  # valid: only the GPU lacks
+    assert "grader bench: needs a CUDA GPU" in capsys.readouterr().err
+    assert bench.run(_bench_args(exercise="nope")) == 2
     assert "unknown exercise 'nope'" in capsys.readouterr().err
+    assert bench.run(_bench_args(leaderboard=True)) == 2
+    assert "gelu has no leaderboard case (these do: flash_attention)" in capsys.readouterr().err
+    assert bench.run(_bench_args(benchmark=["nope"])) == 2
+    assert "forward has no benchmark nope (has: fp32-4096x8192" in capsys.readouterr().err
+    assert bench.run(_bench_args(plot="gelu.png")) == 2
+    assert "--plot gelu.png: the file must end in .svg or .html" in capsys.readouterr().err
+    board = bench.LEADERBOARDS["flash_attention"]
+    fa = exercises.get("flash_attention")
+    assert [b.label for b in bench._benchmarks(fa.part(board.part), [board.benchmark])] == [board.benchmark]
+    assert set(board.baselines) <= set(fa.part(board.part).baselines)
     args = argparse.Namespace(exercises=[], impl="solutions", out=None, repeats=1, budget_s=1.0, full_margin=0.85,
                               partial_margin=0.5, no_recheck=True, json=None)
     assert calibrate.run(args) == 2

@@ -1,28 +1,30 @@
 """Compare an output with its float64 reference and explain a mismatch the way a student needs it.
 
 The report gives the mismatch count, max abs/rel error, the first bad indices with got/expected,
-NaN/inf mismatches separately from ordinary ones, and elements that still hold the NaN pattern that
-``torch.empty`` is filled with during tests (so: never written by the kernel).
+NaN/inf mismatches separately from ordinary ones, elements that still hold the never-written pattern
+(:data:`grader.checks.tensors.UNWRITTEN_BITS`: no kernel wrote them), and a hint where the shape of the
+errors suggests a cause: small errors everywhere (a formula, a constant or too little precision), errors
+only from a block boundary on (a mask or the grid). :func:`layout_hint` does the same across the cases of
+a part: failures only where an input is non-contiguous (strides).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
 
-from grader.checks.spec import Tolerance
+from grader.checks import tensors
+from grader.checks.spec import Inputs, Tolerance
 
 MAX_LISTED = 5
-
-# torch.utils.deterministic.fill_uninitialized_memory fills float tensors with the canonical quiet
-# NaN. Arithmetic NaNs differ in their bits on both targets (x86 produces the negative "indefinite"
-# NaN, NVIDIA GPUs 0x7FFFFFFF), so this pattern marks memory that nothing wrote.
-_FILL_NAN_BITS = {
-    torch.float32: (torch.int32, 0x7FC00000),
-    torch.float16: (torch.int16, 0x7E00),
-    torch.bfloat16: (torch.int16, 0x7FC0),
-}
+# Mismatches count as small and systematic when every one is finite, the largest is at most this fraction
+# of the largest expected magnitude, and at least SPREAD_FRACTION of the elements are off.
+SMALL_ERROR = 0.02
+SPREAD_FRACTION = 0.05
+# Errors that start at an index divisible by this (or a larger power of two) start at a block boundary.
+MIN_BLOCK = 16
 
 
 @dataclass(frozen=True)
@@ -31,15 +33,14 @@ class Mismatch:
     message: str
 
 
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """``1 element``, ``2 elements`` (``many`` for an irregular plural)."""
+    return f"{n} {word if n == 1 else many or word + 's'}"
+
+
 def unwritten_mask(got: torch.Tensor) -> torch.Tensor | None:
-    """Elements holding torch.empty's NaN fill pattern, or None if the dtype has none."""
-    if got.dtype not in _FILL_NAN_BITS:
-        return None
-    int_dtype, bits = _FILL_NAN_BITS[got.dtype]
-    raw = got.view(int_dtype)  # same element size: a valid view for any strides
-    if int_dtype == torch.int16 and bits > 0x7FFF:
-        bits -= 0x10000
-    return raw == bits
+    """Elements that no kernel wrote (they hold the never-written pattern), or None if the dtype has none."""
+    return tensors.unwritten_mask(got)
 
 
 def compare(name: str, got: torch.Tensor, expected: torch.Tensor, tol: Tolerance) -> Mismatch | None:
@@ -66,33 +67,91 @@ def compare(name: str, got: torch.Tensor, expected: torch.Tensor, tol: Tolerance
         return None
 
     total = g.numel()
-    lines = [f"{name}: {n_bad} of {total} elements differ (atol={tol.atol:g}, rtol={tol.rtol:g}, {tol.dtype})"]
+    differ = "differs" if n_bad == 1 else "differ"
+    lines = [f"{name}: {n_bad} of {plural(total, 'element')} {differ} "
+             f"(atol={tol.atol:g}, rtol={tol.rtol:g}, {tol.dtype})"]
+    max_abs = 0.0
     if bool(bad_finite.any()):
         d = torch.where(bad_finite, diff, torch.zeros_like(diff))
         rel = d / e.abs().clamp_min(torch.finfo(torch.float64).tiny)
-        lines.append(
-            f"  max abs error {float(d.max()):.3g}, max rel error {float(rel.max()):.3g} "
-            f"over {int(bad_finite.sum())} finite mismatches"
-        )
-    if unwritten is not None and bool((unwritten & ~e_nan).any()):
-        n = int((unwritten & ~e_nan).sum())
-        lines.append(
-            f"  {n} elements were never written (they still hold torch.empty's NaN fill): "
-            "check the grid covers every element and the store mask"
-        )
+        max_abs = float(d.max())
+        lines.append(f"  max abs error {max_abs:.3g}, max rel error {float(rel.max()):.3g} "
+                     f"over {plural(int(bad_finite.sum()), 'finite mismatch', 'finite mismatches')}")
+    never = unwritten & ~e_nan if unwritten is not None else None
+    if never is not None and bool(never.any()):
+        n = int(never.sum())
+        lines.append(f"  {plural(n, 'element')} {'was' if n == 1 else 'were'} never written (still holding the "
+                     "pattern new tensors are filled with during tests): check the grid covers every element "
+                     "and the store mask")
     n_nan_got = int((g_nan & ~e_nan).sum())
     n_nan_exp = int((e_nan & ~g_nan).sum())
     if n_nan_got:
         lines.append(f"  {n_nan_got} NaN where a number was expected")
     if n_nan_exp:
-        lines.append(f"  {n_nan_exp} numbers where NaN was expected")
+        lines.append(f"  {plural(n_nan_exp, 'number')} where NaN was expected")
     if bool(inf_mismatch.any()):
-        lines.append(f"  {int(inf_mismatch.sum())} infinities that do not match (sign or presence)")
+        n = int(inf_mismatch.sum())
+        lines.append(f"  {plural(n, 'infinity', 'infinities')} that {'does' if n == 1 else 'do'} not match "
+                     "(sign or presence)")
     lines.append("  first mismatches (index: got vs expected):")
     for index in bad.nonzero()[:MAX_LISTED].tolist():
         idx = tuple(index)
         lines.append(f"    {idx}: {float(g[idx]):.6g} vs {float(e[idx]):.6g}")
+    hint = _small_error_hint(bad, bad_finite, max_abs, e, finite) or _boundary_hint(bad)
+    if hint:
+        lines.append(f"  hint: {hint}")
     return Mismatch(name, "\n".join(lines))
+
+
+def _small_error_hint(bad: torch.Tensor, bad_finite: torch.Tensor, max_abs: float, e: torch.Tensor,
+                      finite: torch.Tensor) -> str | None:
+    """Every mismatch finite and small next to the values, and many of them: the math is slightly off."""
+    n_bad = int(bad.sum())
+    if n_bad < 2 or n_bad < SPREAD_FRACTION * bad.numel() or int(bad_finite.sum()) != n_bad:
+        return None
+    scale = float(e.abs()[finite].max()) if bool(finite.any()) else 0.0
+    if scale <= 0 or max_abs > SMALL_ERROR * scale:
+        return None
+    return (f"the errors are small (at most {100 * max_abs / scale:.2g}% of the largest expected value) and spread "
+            "over many elements — the signature of a slightly wrong formula or constant (another approximation, "
+            "a coefficient, where eps goes) or of too little precision (accumulate in float32), not of a wrong "
+            "index or mask")
+
+
+def _boundary_hint(bad: torch.Tensor) -> str | None:
+    """The errors start at a block boundary and everything before it is right: a mask or the grid."""
+    if bad.dim() >= 2:
+        columns = bad.reshape(-1, bad.shape[-1]).any(dim=0).nonzero()
+        first = int(columns[0]) if len(columns) else 0
+        if first >= MIN_BLOCK and first % MIN_BLOCK == 0:
+            return (f"in every row the first {first} columns are right and the errors start at column {first} (a "
+                    f"multiple of {first & -first}): a block boundary — check the mask and that the loop or grid "
+                    "covers the columns past the first block")
+    flat = bad.reshape(-1).nonzero()
+    first = int(flat[0]) if len(flat) else 0
+    if first >= MIN_BLOCK and first % MIN_BLOCK == 0:
+        return (f"the first {first} elements (in row-major order) are right and the errors start at element {first} "
+                f"(a multiple of {first & -first}): a block boundary — check the mask and that the grid covers "
+                "every block (triton.cdiv)")
+    return None
+
+
+def inputs_contiguous(inputs: Inputs) -> bool:
+    """Whether every tensor input is contiguous (a storage offset alone does not count)."""
+    return all(v.is_contiguous() for v in inputs.values() if isinstance(v, torch.Tensor))
+
+
+def layout_hint(outcomes: Iterable[tuple[bool, bool]]) -> str | None:
+    """A hint from a part's cases, each ``(inputs contiguous, passed)``: every failure has a non-contiguous
+    input while the contiguous cases pass."""
+    outcomes = list(outcomes)
+    failed = [contiguous for contiguous, passed in outcomes if not passed]
+    if not failed or any(failed) or not any(contiguous and passed for contiguous, passed in outcomes):
+        return None
+    which = "the failing case has" if len(failed) == 1 else f"all {len(failed)} failing cases have"
+    return (f"{which} a non-contiguous input (transposed or strided) and every case with contiguous inputs "
+            "passes: the kernel probably assumes a dense row-major layout — "
+            "address elements through the input's strides (x.stride(d)), or make a contiguous copy first")
 
 
 def describe_tensor(t: torch.Tensor) -> str:

@@ -13,6 +13,10 @@ is reported instead of crashing the process.
 Ops the interpreter issues while it launches (host copies of the arguments) are not recorded: the
 launch hook pauses recording. Observations are plain data; :func:`flags_for` turns them into flags in
 whatever process computes the verdict.
+
+Memory the call allocates uninitialized (``torch.empty`` and friends) is filled with a never-written
+pattern (:data:`grader.checks.tensors.UNWRITTEN_BITS`), so an output element that no kernel wrote is
+recognised as such, on a CPU and a GPU alike, and never confused with a NaN the kernel computed.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from grader.checks import guard
+from grader.checks import guard, tensors
 
 # Allocation, views, copies and dtype casts are bookkeeping, not computation.
 ALLOWED_OPS = frozenset(
@@ -40,6 +44,10 @@ ALLOWED_OPS = frozenset(
     sym_numel sym_storage_offset numel dim is_contiguous
     """.split()
 )
+
+# Factory ops whose memory is uninitialized: filled with the never-written pattern inside a monitored call.
+UNINITIALIZED_OPS = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided",
+                               "empty_permuted"})
 
 
 @dataclass
@@ -73,8 +81,11 @@ class _OpRecorder(TorchDispatchMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         if not self.paused:
-            self.observation.ops.append(func.overloadpacket.__name__)
+            name = func.overloadpacket.__name__
+            self.observation.ops.append(name)
             self._record_allocations(out, [*args, *kwargs.values()])
+            if name in UNINITIALIZED_OPS and isinstance(out, torch.Tensor):
+                tensors.fill_unwritten(out)  # this mode is off inside __torch_dispatch__: not recorded
         return out
 
     def _record_allocations(self, out, inputs) -> None:

@@ -92,6 +92,34 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(torch.equal(as_bits(a.cpu()), as_bits(b.cpu())))
 
 
+# Memory that a student's call allocates (torch.empty and friends) is filled with these bit patterns while
+# it runs (grader.checks.integrity.Monitor), so output elements that no kernel wrote can be told apart from
+# computed ones. Each is a *signaling* NaN (quiet bit clear, payload non-zero): arithmetic never produces
+# one — an invalid operation gives the quiet default NaN (0x7FC00000 in the interpreter, 0x7FFFFFFF on NVIDIA
+# GPUs) and a NaN operand comes out quieted — while loads, stores and copies keep the bits as they are.
+UNWRITTEN_BITS: dict[torch.dtype, tuple[torch.dtype, int]] = {
+    torch.float64: (torch.int64, 0x7FF4_A5A5_A5A5_A5A5),
+    torch.float32: (torch.int32, 0x7FA5_A5A5),
+    torch.float16: (torch.int16, 0x7D5A),
+    torch.bfloat16: (torch.int16, 0x7FA5),
+}
+
+
+def fill_unwritten(t: torch.Tensor) -> None:
+    """Fill a fresh floating-point tensor with its dtype's never-written pattern (other dtypes: untouched)."""
+    if t.dtype in UNWRITTEN_BITS and t.numel() > 0 and t.device.type != "meta":
+        int_dtype, bits = UNWRITTEN_BITS[t.dtype]
+        t.view(int_dtype).fill_(bits)
+
+
+def unwritten_mask(t: torch.Tensor) -> torch.Tensor | None:
+    """Elements that still hold the never-written pattern, or None for a dtype that has none."""
+    if t.dtype not in UNWRITTEN_BITS:
+        return None
+    int_dtype, bits = UNWRITTEN_BITS[t.dtype]
+    return t.detach().view(int_dtype) == bits  # same element size: a valid view for any strides
+
+
 def raw_bytes(t: torch.Tensor) -> bytes:
     """The elements' bytes in row-major order, whatever the layout (sizes 0 and 1, zero strides, offsets)."""
     if t.numel() == 0:

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from grader.checks import integrity, tensors
-from grader.checks.compare import compare, describe_tensor
+from grader.checks.compare import compare, describe_tensor, inputs_contiguous, layout_hint
 from grader.checks.execute import BadInputOutcome, Execution, execute, execute_bad_input, qualname
 from grader.checks.spec import BadInput, Case, Inputs, Part
 
@@ -121,6 +121,18 @@ def run_case(part: Part, module: ModuleType, case: Case, device: str) -> Verdict
     """Build the case's inputs, run the student's code and judge it (the pytest path)."""
     inputs = part.make_inputs(case)
     return correctness(part, case, inputs, execute(part, module, inputs, device), device)
+
+
+def examples_layout_hint(part: Part, module: ModuleType, device: str) -> str | None:
+    """The layout hint (:func:`grader.checks.compare.layout_hint`) from all of the part's examples: what a
+    single failing example cannot tell (pytest runs each example as its own test)."""
+    outcomes = []
+    for case in part.examples:
+        if part.skip(case, device) is None:
+            inputs = part.make_inputs(case)
+            verdict = correctness(part, case, inputs, execute(part, module, inputs, device), device)
+            outcomes.append((inputs_contiguous(inputs), verdict.passed))
+    return layout_hint(outcomes)
 
 
 def run_integrity(part: Part, module: ModuleType, case: Case, device: str, *, student_dir: str) -> Verdict:

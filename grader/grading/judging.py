@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from grader.checks import integrity, tensors, verdicts
+from grader.checks import compare, integrity, tensors, verdicts
 from grader.checks.execute import Execution
 from grader.checks.spec import Case, Exercise, Inputs, Part
 from grader.grading import protocol
@@ -126,7 +126,8 @@ class ExerciseJudge:
         if isinstance(reply, protocol.NotImplementedYet):
             return self._check(item, False, f"not implemented: {reply.message}")
         if isinstance(reply, protocol.Raised):
-            return self._check(item, False, f"{part.functions[0]} raised {reply.message}")
+            contiguous = compare.inputs_contiguous(request.inputs) if isinstance(request, protocol.RunCase) else None
+            return self._check(item, False, f"{part.functions[0]} raised {reply.message}", contiguous=contiguous)
         if item.role == "bad_input":
             assert isinstance(reply, protocol.BadInputDone)
             verdict = verdicts.bad_input(part.bad_inputs[item.index or 0], reply.outcome)
@@ -157,12 +158,13 @@ class ExerciseJudge:
             for flag in verdicts.integrity_flags(part, inputs, ex, student_dir=self.student_dir):
                 if flag.rule != "own-kernel":
                     state.flag(flag, case)
-        return self._check(item, right.passed, right.message, size)
+        return self._check(item, right.passed, right.message, size, compare.inputs_contiguous(inputs))
 
     @staticmethod
-    def _check(item: Item, passed: bool, message: str, size: int | None = None) -> CheckResult:
+    def _check(item: Item, passed: bool, message: str, size: int | None = None,
+               contiguous: bool | None = None) -> CheckResult:
         return CheckResult(item.id, item.role, item.label, PASSED if passed else FAILED, message,
-                           item.case.to_dict() if item.case else None, size)
+                           item.case.to_dict() if item.case else None, size, contiguous)
 
     def _speed(self, item: Item, request, reply, state: _PartState) -> SpeedResult:
         part = item.part

@@ -14,16 +14,25 @@ The release holds
 
 Nothing else: no ``solutions/``, no ``tests/`` (their known-wrong fixtures are staff material), no
 staff scripts. There are no hidden test cases to leave out: the grader draws them per run from a secret.
-Before finishing, the release is audited (:func:`audit`): no file may contain a line of solution code
-that is not also in a stub, a handout or a public grader file; a leak fails the command. (A stub that was filled
-in by mistake is caught by running the release's tests: every stub must report "not implemented".)
+
+``assignments/`` is written from the last commit (``git archive HEAD assignments``), never from the working
+tree: where the working tree differs from it (a stub solved while trying it out, an uncommitted handout edit)
+the command refuses and names the files. Before finishing, the release is checked twice: :func:`audit` — no
+file may contain a line of solution code that is not also in a stub, a handout or a public grader file — and
+:func:`self_check` — the release's own tests run inside it and every stub must fail with "not implemented".
+Either failing fails the command.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
+import os
 import shutil
+import subprocess
 import sys
+import tarfile
+from importlib.metadata import entry_points
 from pathlib import Path
 
 import grader
@@ -38,6 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("out", metavar="OUT_DIR", help="where to write the release (must be empty or absent)")
     parser.add_argument("--notebooks", action="store_true", help="also write one Jupyter notebook per exercise")
     parser.add_argument("--force", action="store_true", help="write into a non-empty OUT_DIR")
+    parser.add_argument("--no-self-check", action="store_true",
+                        help="skip running the release's tests (every stub must fail with 'not implemented')")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -46,11 +57,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"grader release: {out} is not empty (use --force to write into it)", file=sys.stderr)
         return 2
     try:
-        files = build(out, notebooks=args.notebooks)
+        files = build(out, notebooks=args.notebooks, self_check=not args.no_self_check)
     except ReleaseError as exc:
         print(f"grader release: {exc}", file=sys.stderr)
         return 1
-    print(f"grader release: wrote {len(files)} files to {out}", file=sys.stderr)
+    checked = "" if args.no_self_check else "; its tests ran inside it and every stub failed with 'not implemented'"
+    print(f"grader release: wrote {len(files)} files to {out}{checked}", file=sys.stderr)
     return 0
 
 
@@ -73,12 +85,57 @@ def _copy_tree(src: Path, dst: Path, *, skip: tuple[Path, ...] = ()) -> list[Pat
     return written
 
 
-def build(out: Path, *, notebooks: bool = False, repo: Path = REPO) -> list[Path]:
-    """Write the release into ``out`` and audit it; returns the files written."""
+def committed_assignments(repo: Path = REPO) -> bytes:
+    """``assignments/`` as of the last commit (a tar archive); :class:`ReleaseError` naming the files where the
+    working tree differs from it, or where ``repo`` is no git checkout."""
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, timeout=120)
+
+    try:
+        inside = git("rev-parse", "--is-inside-work-tree")
+    except FileNotFoundError:
+        raise ReleaseError("git is not installed: the release is built from the last commit of assignments/") from None
+    if inside.returncode != 0 or inside.stdout.strip() != b"true":
+        raise ReleaseError(f"{repo} is not a git checkout: the release is built from the last commit of "
+                           "assignments/, so it needs the repository's history")
+    status = git("status", "--porcelain", "--untracked-files=all", "--", "assignments")
+    if status.returncode != 0:
+        raise ReleaseError(f"git status failed: {status.stderr.decode(errors='replace').strip()}")
+    changed = [line[3:] for line in status.stdout.decode(errors="replace").splitlines() if line.strip()]
+    if changed:
+        listed = "\n  ".join(changed[:20]) + (f"\n  ... and {len(changed) - 20} more" if len(changed) > 20 else "")
+        raise ReleaseError("assignments/ differs from the last commit, and the release is built from what is "
+                           f"committed:\n  {listed}\ncommit these changes (or undo them, e.g. git stash) and run "
+                           "grader release again")
+    archive = git("archive", "--format=tar", "HEAD", "--", "assignments")
+    if archive.returncode != 0:
+        raise ReleaseError(f"git archive failed: {archive.stderr.decode(errors='replace').strip()}")
+    return archive.stdout
+
+
+def _extract(archive: bytes, out: Path) -> list[Path]:
+    written = []
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        for member in tar.getmembers():
+            target = (out / member.name).resolve()
+            if not member.isfile() or out.resolve() not in target.parents:
+                continue  # directories are made below; links and anything outside out are not shipped
+            target.parent.mkdir(parents=True, exist_ok=True)
+            source = tar.extractfile(member)
+            assert source is not None
+            target.write_bytes(source.read())
+            written.append(target)
+    return written
+
+
+def build(out: Path, *, notebooks: bool = False, repo: Path = REPO, self_check: bool = True) -> list[Path]:
+    """Write the release into ``out`` from the last commit of ``assignments/``, audit it and run its tests;
+    returns the files written."""
     from grader import exercises
 
+    archive = committed_assignments(repo)
     out.mkdir(parents=True, exist_ok=True)
-    written = _copy_tree(repo / "assignments", out / "assignments")
+    written = _extract(archive, out)
     written += _copy_tree(repo / "grader", out / "grader", skip=tuple(repo / s for s in STAFF_ONLY))
     for rel in ("scripts/bootstrap.sh", ".ci/constraints.txt"):
         if (repo / rel).is_file():
@@ -93,12 +150,45 @@ def build(out: Path, *, notebooks: bool = False, repo: Path = REPO) -> list[Path
     written.append(_write(out / ".gitignore", "__pycache__/\n*.pyc\n.venv/\n.hypothesis/\n.pytest_cache/\n"
                                              ".benchmarks/\nnotebook_impl/\n*.egg-info/\n"))
     if notebooks:
-        for exercise in all_ex:
-            written.append(write_notebook(out / "notebooks" / f"{exercise.name}.ipynb", exercise, repo))
+        for exercise in all_ex:  # from the stubs just written: the committed ones
+            written.append(write_notebook(out / "notebooks" / f"{exercise.name}.ipynb", exercise, out))
     leaks = audit(out, repo)
     if leaks:
         raise ReleaseError("the release contains solution code:\n  " + "\n  ".join(leaks[:20]))
+    if self_check:
+        problems = run_self_check(out)
+        if problems:
+            raise ReleaseError("the release's tests do not show every stub unimplemented:\n  " + "\n  ".join(problems))
     return written
+
+
+# --------------------------------------------------------------------------------------- self-check
+
+
+def run_self_check(release: Path, timeout_s: float = 900) -> list[str]:
+    """Run the release's tests inside it (its own grader package first on the path) and return what is wrong:
+    every exercise must fail with "<function> is not implemented yet", and nothing may error."""
+    from grader import exercises
+
+    command = [sys.executable, "-m", "pytest", "assignments", "-q", "-p", "no:cacheprovider", "-m", "not speed"]
+    if not any(e.name == "grader" for e in entry_points(group="pytest11")):  # no installed plugin: name it
+        command += ["-p", "grader.pytest_plugin.plugin"]
+    env = {**os.environ, "PYTHONPATH": str(release.resolve())}
+    try:
+        proc = subprocess.run(command, cwd=release, env=env, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return [f"the release's tests did not finish in {timeout_s:.0f} s"]
+    out = proc.stdout + proc.stderr
+    tail = "\n    ".join(out.strip().splitlines()[-15:])
+    problems = []
+    if proc.returncode != 1 or " error" in (proc.stdout.strip().splitlines() or [""])[-1]:
+        problems.append(f"pytest exited with status {proc.returncode} (expected 1: failures, no errors):\n    {tail}")
+    for exercise in exercises.all_exercises():
+        needle = f"is not implemented yet — see assignments/{exercise.name}/README.md"
+        if needle not in out:
+            problems.append(f"assignments/{exercise.name}: its stub did not fail with '{needle}' (is it solved, "
+                            "or broken?)")
+    return problems
 
 
 def _write(path: Path, text: str) -> Path:
@@ -202,7 +292,8 @@ print(result.stdout[-20000:], result.stderr[-5000:])'''
 
 
 def notebook(exercise, repo: Path = REPO):
-    """The exercise as a notebook: handout, setup cell, stub cell (the submission), test cell."""
+    """The exercise as a notebook: handout, setup cell, stub cell (the submission), test cell; the stub and
+    handout are read from ``repo/assignments``."""
     import nbformat
     from nbformat import v4
 

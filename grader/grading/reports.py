@@ -11,7 +11,9 @@
 
 A part that needs a regrade (a fault of the grader, not the student's) is said so everywhere: its lines
 read "needs regrade" and carry no score, the totals say how many points wait for it, and the gradebook has
-a ``needs_regrade`` column. A student's files are rewritten as soon as each of their exercises is graded.
+a ``needs_regrade`` column. Points this device cannot award (speed, graded on a CPU) are said so too: the
+reports give the maximum here next to the course's, and why (the gradebook's ``speed_unavailable``). A
+student's files are rewritten as soon as each of their exercises is graded.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ import csv
 import html
 import io
 import json
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,7 @@ from typing import Any
 from grader.grading import store
 from grader.grading.results import ExerciseResult
 from grader.grading.scoring import LINE_REGRADE, ExerciseScore, round_points
+from grader.speed import roofline
 
 
 @dataclass
@@ -55,6 +57,11 @@ class StudentReport:
         """Points waiting for a regrade."""
         return sum(s.pending for s, _ in self.exercises)
 
+    @property
+    def unavailable(self) -> float:
+        """Points this device cannot award (left out of ``max_score``)."""
+        return sum(s.unavailable_points for s, _ in self.exercises)
+
     def regrade_parts(self) -> list[str]:
         return [f"{r.exercise}/{name}" for _, r in self.exercises for name in r.regrade_parts()]
 
@@ -70,6 +77,16 @@ def _total(score: float, max_score: float, pending: float) -> str:
 
 REGRADE_NOTE = ("Some parts need a regrade: the grader failed while judging them (a fault of the grader, not of "
                 "your code). They are not scored yet; the total will change when they are regraded.")
+
+
+def unavailable_note(report: StudentReport) -> str:
+    """Why the maximum is below the course's: the points this device cannot award, and the reason ("" if none)."""
+    missing = report.unavailable
+    if missing <= 0:
+        return ""
+    reasons = sorted({u.reason for s, _ in report.exercises for u in s.unavailable})
+    return (f"The maximum here is {_pts(report.max_score)} points, not {_pts(report.max_score + missing)}: the "
+            f"other {_pts(missing)} are speed points, not available in this run — " + "; ".join(reasons) + ".")
 
 
 # ------------------------------------------------------------------------------------- gradescope
@@ -95,6 +112,8 @@ def gradescope(report: StudentReport) -> dict[str, Any]:
             tests.append({"name": f"{score.exercise}: problems while grading", "score": 0.0, "max_score": 0.0,
                           "status": "failed", "output": "\n\n".join(result.problems), "visibility": "visible"})
     output = [f"Graded with {report.device}."] + [f"Submission problem: {p}" for p in report.problems]
+    if note := unavailable_note(report):
+        output.append(note)
     if report.pending > 0:
         output.insert(0, f"NEEDS REGRADE: {', '.join(report.regrade_parts())}. {REGRADE_NOTE}")
     return {
@@ -121,9 +140,11 @@ def _fence(text: str) -> str:
 def markdown(report: StudentReport) -> str:
     out = [f"# Grade report: {report.student}", ""]
     out.append(f"**Total: {_total(report.score, report.max_score, report.pending)} points** — graded with "
-               f"{report.device}; {report.started}, {report.elapsed_s:.1f} s. Submission: `{report.source}` "
-               f"({report.kind}).")
+               f"{report.device}; {report.started}, {report.elapsed_s:.1f} s of grading (its exercises' times "
+               f"added up). Submission: `{report.source}` ({report.kind}).")
     out.append("")
+    if note := unavailable_note(report):
+        out += [f"> {note}", ""]
     if report.pending > 0:
         out += [f"> **Needs regrade** ({', '.join(report.regrade_parts())}): {REGRADE_NOTE}", ""]
     for problem in report.problems:
@@ -142,10 +163,15 @@ def markdown(report: StudentReport) -> str:
         for line in score.lines:
             points = "–" if line.status == LINE_REGRADE else _pts(line.score)
             out.append(f"| {line.name} | {points} / {_pts(line.max_score)} | {line.status} |")
+        for u in score.unavailable:
+            out.append(f"| {score.exercise} / {u.part}: speed | – / {_pts(u.points)} (not counted) | not available: "
+                       f"{u.reason} |")
         for part in result.parts:
             failure = part.first_failure()
             if part.status == "graded" and failure is not None:
                 out += ["", f"**{part.name}: smallest failing check** ({failure.label}):", "", _fence(failure.message)]
+                if hint := part.layout_hint():
+                    out += ["", f"**{part.name}: hint** (from all its cases): {hint}"]
             for flag in part.flags:
                 out += ["", f"**Integrity flag `{flag['rule']}`** ({part.name}):", "", _fence(flag["message"])]
             rows = part.speed.rows
@@ -198,6 +224,7 @@ th{background:#f4f4f4}td.num{text-align:right;font-variant-numeric:tabular-nums}
 pre{background:#f7f7f7;padding:.6rem;overflow-x:auto;white-space:pre-wrap;font-size:.85rem}
 .problem{background:#fff8e1;border-left:4px solid #f0a000;padding:.4rem .8rem}
 .regrade{background:#eef3ff;border-left:4px solid #3557b7;padding:.4rem .8rem;color:#3557b7;font-weight:600}
+.unavailable{background:#f4f4f4;border-left:4px solid #888;padding:.4rem .8rem}
 svg text{font-family:inherit}
 """
 
@@ -212,8 +239,11 @@ def render_html(report: StudentReport) -> str:
          f'<h1 id="student">Grade report: {_e(report.student)}</h1>',
          f'<p class="total" id="total">Total: <b>{_e(_total(report.score, report.max_score, report.pending))}</b> '
          "points</p>",
-         f'<p class="meta">Graded with {_e(report.device)}; {_e(report.started)}, {report.elapsed_s:.1f} s. '
-         f"Submission: <code>{_e(report.source)}</code> ({_e(report.kind)}).</p>"]
+         f'<p class="meta">Graded with {_e(report.device)}; {_e(report.started)}, {report.elapsed_s:.1f} s of '
+         f"grading (its exercises' times added up). Submission: <code>{_e(report.source)}</code> "
+         f"({_e(report.kind)}).</p>"]
+    if note := unavailable_note(report):
+        h.append(f'<p class="unavailable" id="speed-unavailable">{_e(note)}</p>')
     if report.pending > 0:
         h.append(f'<p class="regrade" id="needs-regrade"><b>Needs regrade</b> '
                  f"({_e(', '.join(report.regrade_parts()))}): {_e(REGRADE_NOTE)}</p>")
@@ -236,12 +266,17 @@ def render_html(report: StudentReport) -> str:
             points = "–" if line.status == LINE_REGRADE else _pts(line.score)
             h.append(f"<tr><td>{_e(line.name)}</td><td class=\"num\">{points} / {_pts(line.max_score)}"
                      f'</td><td class="{mark}">{_e(line.status)}</td></tr>')
+        for u in score.unavailable:
+            h.append(f"<tr><td>{_e(score.exercise)} / {_e(u.part)}: speed</td><td class=\"num\">– / "
+                     f"{_pts(u.points)} (not counted)</td><td>not available: {_e(u.reason)}</td></tr>")
         h.append("</table>")
         for part in result.parts:
             failure = part.first_failure()
             if part.status == "graded" and failure is not None:
                 h.append(f"<h3>{_e(part.name)}: smallest failing check</h3><p><code>{_e(failure.label)}</code></p>"
                          f'<pre class="failure">{_e(failure.message)}</pre>')
+                if hint := part.layout_hint():
+                    h.append(f'<p class="hint"><b>Hint</b> (from all its cases): {_e(hint)}</p>')
             for flag in part.flags:
                 h.append(f'<div class="flag"><b>Integrity flag <code>{_e(flag["rule"])}</code></b> '
                          f"({_e(part.name)})<pre>{_e(flag['message'])}</pre></div>")
@@ -250,10 +285,9 @@ def render_html(report: StudentReport) -> str:
             if rows:
                 h.append(f"<h3>{_e(part.name)}: speed</h3><p>{_e(speed.message)}</p>")
                 h.append(_speed_html(rows))
-                roof = speed.roofline
-                peaks = [v for v in (roof.get("matmul_tflops") or {}).values() if _num(v)]
-                h.append(roofline_svg(rows, title=f"{score.exercise} / {part.name}",
-                                      peak_gbps=_num(roof.get("copy_gbps")), peak_tflops=max(peaks) if peaks else None))
+                gbps, tflops = roofline.peaks(speed.roofline)
+                h.append(roofline.roofline_svg(rows, title=f"{score.exercise} / {part.name}", peak_gbps=gbps,
+                                               peak_tflops=tflops))
             elif speed.status != "not graded":
                 h.append(f'<p class="meta">{_e(part.name)}: speed {_e(speed.message)}</p>')
         if result.problems:
@@ -273,103 +307,6 @@ def _speed_html(rows: list[dict]) -> str:
     return "".join(out)
 
 
-def _num(value: Any) -> float | None:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) and number > 0 else None
-
-
-def roofline_svg(rows: list[dict], *, title: str = "", peak_gbps: float | None = None,
-                 peak_tflops: float | None = None) -> str:
-    """A log-log roofline plot (FLOP/byte vs TFLOP/s) of the benchmarks, drawn as inline SVG.
-
-    Each benchmark is a filled dot at its achieved throughput and a ring at what the roofline allows
-    at its intensity (achieved ÷ % of roofline). With the GPU's peaks the roof itself is drawn. Rows
-    without FLOP counts (pure bandwidth kernels) are shown as bars of % of roofline instead.
-    """
-    points = []
-    for row in rows:
-        gbps, tflops = _num(row.get("gbps")), _num(row.get("tflops"))
-        if gbps and tflops:
-            pct = _num(row.get("pct_roofline"))
-            attainable = tflops / (pct / 100) if pct else None
-            points.append((str(row.get("label", "")), 1e3 * tflops / gbps, tflops, attainable))
-    if not points:
-        return _pct_bars(rows, title)
-    width, height, left, bottom, top, right = 560, 340, 64, 44, 28, 16
-    xs = [p[1] for p in points]
-    ys = [v for p in points for v in (p[2], p[3]) if v]
-    if peak_tflops:
-        ys.append(peak_tflops)
-    x0, x1 = math.floor(math.log10(min(xs))) - 0.5, math.ceil(math.log10(max(xs))) + 0.5
-    y0, y1 = math.floor(math.log10(min(ys))) - 0.3, math.ceil(math.log10(max(ys))) + 0.3
-
-    def sx(x: float) -> float:
-        return left + (math.log10(x) - x0) / (x1 - x0) * (width - left - right)
-
-    def sy(y: float) -> float:
-        return height - bottom - (math.log10(y) - y0) / (y1 - y0) * (height - bottom - top)
-
-    svg = [f'<svg class="roofline" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-           f'viewBox="0 0 {width} {height}" role="img" aria-label="roofline plot {_e(title)}">',
-           f'<rect x="0" y="0" width="{width}" height="{height}" fill="white"/>',
-           f'<text x="{width / 2}" y="16" text-anchor="middle" font-size="13">Roofline: {_e(title)}</text>']
-    for k in range(math.ceil(x0), math.floor(x1) + 1):
-        x = sx(10.0**k)
-        svg.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{height - bottom}" stroke="#eee"/>'
-                   f'<text x="{x:.1f}" y="{height - bottom + 14}" text-anchor="middle" font-size="10">1e{k}</text>')
-    for k in range(math.ceil(y0), math.floor(y1) + 1):
-        y = sy(10.0**k)
-        svg.append(f'<line x1="{left}" y1="{y:.1f}" x2="{width - right}" y2="{y:.1f}" stroke="#eee"/>'
-                   f'<text x="{left - 6}" y="{y + 3:.1f}" text-anchor="end" font-size="10">1e{k}</text>')
-    svg.append(f'<rect x="{left}" y="{top}" width="{width - left - right}" height="{height - top - bottom}" '
-               'fill="none" stroke="#888"/>')
-    svg.append(f'<text x="{(left + width - right) / 2}" y="{height - 8}" text-anchor="middle" font-size="11">'
-               "arithmetic intensity (FLOP/byte)</text>")
-    svg.append(f'<text x="14" y="{(top + height - bottom) / 2}" text-anchor="middle" font-size="11" '
-               f'transform="rotate(-90 14 {(top + height - bottom) / 2})">TFLOP/s</text>')
-    if peak_gbps and peak_tflops:
-        ridge = 1e3 * peak_tflops / peak_gbps
-        xa, xb = 10.0**x0, 10.0**x1
-        roof = [(xa, min(peak_tflops, peak_gbps * xa / 1e3)), (max(min(ridge, xb), xa), peak_tflops),
-                (xb, peak_tflops)]
-        pts = " ".join(f"{sx(x):.1f},{sy(max(y, 10.0**y0)):.1f}" for x, y in roof)
-        svg.append(f'<polyline points="{pts}" fill="none" stroke="#444" stroke-width="2"/>')
-    for label, x, achieved, attainable in points:
-        if attainable:
-            svg.append(f'<line x1="{sx(x):.1f}" y1="{sy(achieved):.1f}" x2="{sx(x):.1f}" y2="{sy(attainable):.1f}" '
-                       'stroke="#99b" stroke-dasharray="3,3"/>'
-                       f'<circle cx="{sx(x):.1f}" cy="{sy(attainable):.1f}" r="5" fill="none" stroke="#336"/>')
-        svg.append(f'<circle class="point" cx="{sx(x):.1f}" cy="{sy(achieved):.1f}" r="4.5" fill="#1f77b4">'
-                   f"<title>{_e(label)}: {achieved:.3g} TFLOP/s at {x:.3g} FLOP/byte</title></circle>"
-                   f'<text x="{sx(x) + 7:.1f}" y="{sy(achieved) - 6:.1f}" font-size="10">{_e(label)}</text>')
-    svg.append("</svg>")
-    return "".join(svg)
-
-
-def _pct_bars(rows: list[dict], title: str) -> str:
-    bars = [(str(r.get("label", "")), _num(r.get("pct_roofline"))) for r in rows]
-    bars = [(label, pct) for label, pct in bars if pct]
-    if not bars:
-        return ""
-    width, row_h, left = 560, 22, 180
-    height = 34 + row_h * len(bars)
-    svg = [f'<svg class="roofline" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-           f'viewBox="0 0 {width} {height}" role="img" aria-label="percent of roofline {_e(title)}">',
-           f'<text x="{width / 2}" y="16" text-anchor="middle" font-size="13">% of roofline: {_e(title)}</text>']
-    for i, (label, pct) in enumerate(bars):
-        y = 26 + i * row_h
-        w = (width - left - 60) * min(pct, 100.0) / 100.0
-        svg.append(f'<text x="{left - 6}" y="{y + 13}" text-anchor="end" font-size="11">{_e(label)}</text>'
-                   f'<rect x="{left}" y="{y}" width="{width - left - 60}" height="{row_h - 6}" fill="#eee"/>'
-                   f'<rect class="point" x="{left}" y="{y}" width="{w:.1f}" height="{row_h - 6}" fill="#1f77b4"/>'
-                   f'<text x="{left + w + 4:.1f}" y="{y + 13}" font-size="11">{pct:.0f}%</text>')
-    svg.append("</svg>")
-    return "".join(svg)
-
-
 # ---------------------------------------------------------------------------------------- gradebook
 
 
@@ -377,7 +314,7 @@ def gradebook_csv(reports: list[StudentReport], exercise_names: list[str]) -> st
     buf = io.StringIO()
     writer = csv.writer(buf)
     writer.writerow(["student", "total", "max_total", *exercise_names, *(f"{n}_status" for n in exercise_names),
-                     "pending_regrade", "needs_regrade", "source", "problems"])
+                     "pending_regrade", "needs_regrade", "source", "problems", "speed_unavailable"])
     for report in sorted(reports, key=lambda r: r.student):
         by_name = {s.exercise: s for s, _ in report.exercises}
         scores = [_pts(by_name[n].score) if n in by_name else "" for n in exercise_names]
@@ -386,7 +323,8 @@ def gradebook_csv(reports: list[StudentReport], exercise_names: list[str]) -> st
             f"{s.exercise}: {r.problems[0].splitlines()[0]}" for s, r in report.exercises if r.problems
         ])
         writer.writerow([report.student, _pts(report.score), _pts(report.max_score), *scores, *statuses,
-                         _pts(report.pending), "; ".join(report.regrade_parts()), report.source, problems])
+                         _pts(report.pending), "; ".join(report.regrade_parts()), report.source, problems,
+                         _pts(report.unavailable)])
     return buf.getvalue()
 
 
@@ -416,12 +354,18 @@ def write_student(out: Path, report: StudentReport) -> None:
 def summary_table(reports: list[StudentReport], exercise_names: list[str], title: str = "Grades"):
     from rich.table import Table
 
-    table = Table(title=title)
+    caption = ["time: a student's exercise runs added up (runs overlap: the batch's wall time follows the table)"]
+    missing = max((r.unavailable for r in reports), default=0.0)
+    if missing > 0:
+        reasons = sorted({u.reason for r in reports for s, _ in r.exercises for u in s.unavailable})
+        caption.append(f"total: out of the points available here; {_pts(missing)} speed points are not — "
+                       + "; ".join(reasons))
+    table = Table(title=title, caption="\n".join(caption))
     table.add_column("student")
     for name in exercise_names:
         table.add_column(name, justify="right")
     table.add_column("total", justify="right")
-    table.add_column("time", justify="right")
+    table.add_column("time (sum)", justify="right")
     for report in sorted(reports, key=lambda r: r.student):
         by_name = {s.exercise: s for s, _ in report.exercises}
         cells = []

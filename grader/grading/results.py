@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from grader.checks.compare import layout_hint
+
 PASSED, FAILED, SKIPPED, GRADER_ERROR = "passed", "failed", "skipped", "grader error"
 GRADED, NOT_IMPLEMENTED, NOT_SUBMITTED, ERROR, NEEDS_REGRADE = (
     "graded", "not implemented", "not submitted", "error", "needs regrade")
@@ -53,6 +55,7 @@ class CheckResult:
     message: str = ""
     case: dict | None = None
     size: int | None = None  # elements in the inputs: the smallest failing case is shown first
+    contiguous: bool | None = None  # a correctness case: were all its tensor inputs contiguous?
 
     @property
     def passed(self) -> bool:
@@ -121,6 +124,10 @@ class PartResult:
     def part_flags(self) -> list[dict[str, str]]:
         """The flags that zero the whole part (the others cost the speed credit only)."""
         return [f for f in self.flags if f.get("scope", "part") == "part"]
+
+    def layout_hint(self) -> str | None:
+        """What the correctness cases together suggest (failures only on non-contiguous inputs: strides)."""
+        return layout_hint((c.contiguous, c.passed) for c in self.correctness if c.contiguous is not None)
 
     def first_failure(self) -> CheckResult | None:
         failing = [c for c in self.correctness if c.status == FAILED]

@@ -5,8 +5,11 @@ Per part, in course points:
 * correctness: ``Part.points`` shared among the part's checks (examples, random cases, bad inputs) —
   ``correctness = "fraction"`` — or earned only if all pass (``"all-or-nothing"``);
 * each extra check (e.g. FlashAttention's memory bound): its ``points`` if it passes;
-* speed: ``Part.speed_points`` × the credit of :mod:`grader.speed.credit`, where speed was measured on a
-  GPU. Where it was not (a CPU, an uncalibrated GPU) the line is left out and the report says why.
+* speed: ``Part.speed_points`` × the credit of :mod:`grader.speed.credit`. On a GPU every speed-graded part
+  has its speed line (0 where the student's code could not be measured: not submitted, not implemented, an
+  error). Where the device cannot measure speed at all (a CPU: the kernels run in the Triton interpreter) the
+  line is left out of the maximum, and :attr:`ExerciseScore.unavailable` says how many points and why, for
+  the reports to say so.
 
 Any integrity flag (PyTorch compute, no own kernel, inputs modified, aliasing, replayed results, wrong
 outputs while timed) zeroes the whole part; a flag on the speed measurement alone (timers replaced, times
@@ -20,14 +23,28 @@ that the course adds up to ``[course] total``.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from grader.checks.compare import plural
 from grader.checks.spec import Exercise, Part
 from grader.grading.config import Course
 from grader.grading.results import GRADED, NEEDS_REGRADE, PASSED, ExerciseResult, PartResult, SpeedResult
 
 LINE_PASSED, LINE_FAILED, LINE_REGRADE = "passed", "failed", "needs regrade"
+SPEED_NEEDS_GPU = "speed is measured on a GPU only (here the kernels ran in the Triton interpreter)"
+
+
+@dataclass
+class Unavailable:
+    """Points a part could not earn on this device, left out of the maximum."""
+
+    part: str
+    points: float
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 @dataclass
@@ -58,6 +75,11 @@ class ExerciseScore:
     status: str
     message: str
     lines: list[Line]
+    unavailable: list[Unavailable] = field(default_factory=list)
+
+    @property
+    def unavailable_points(self) -> float:
+        return sum(u.points for u in self.unavailable)
 
     @property
     def score(self) -> float:
@@ -75,7 +97,8 @@ class ExerciseScore:
     def to_dict(self) -> dict[str, Any]:
         return {"exercise": self.exercise, "title": self.title, "status": self.status, "message": self.message,
                 "score": self.score, "max_score": self.max_score, "pending": self.pending,
-                "lines": [line.to_dict() for line in self.lines]}
+                "lines": [line.to_dict() for line in self.lines],
+                "unavailable": [u.to_dict() for u in self.unavailable]}
 
 
 def _correctness_fraction(part: PartResult, mode: str) -> float:
@@ -91,8 +114,15 @@ def _status(ok: bool) -> str:
     return LINE_PASSED if ok else LINE_FAILED
 
 
-def score_part(exercise: Exercise, spec: Part, part: PartResult, factor: float, course: Course) -> list[Line]:
-    """The correctness, extra-check and speed lines of one part, in course points."""
+def speed_measurable(result: ExerciseResult) -> bool:
+    """Whether this run's device could measure speed (a GPU): otherwise speed points are not available."""
+    return result.device.get("kind") == "cuda"
+
+
+def score_part(exercise: Exercise, spec: Part, part: PartResult, factor: float, course: Course,
+               measurable: bool = False) -> list[Line]:
+    """The correctness, extra-check and speed lines of one part, in course points; on a device that measures
+    speed (``measurable``) the speed line is there even where the student's code was not measured (0)."""
     title = f"{exercise.name} / {spec.name}"
     regrade = part.status == NEEDS_REGRADE
     graded = part.status == GRADED
@@ -114,10 +144,13 @@ def score_part(exercise: Exercise, spec: Part, part: PartResult, factor: float, 
         elif flagged:
             output = f"zeroed by an integrity flag:\n{flag_text}"
         else:
-            output = f"{n} of {total} checks passed"
+            output = f"{n} of {plural(total, 'check')} passed"
             failure = part.first_failure()
             if failure:
                 output += f"\nsmallest failing check ({failure.label}):\n{failure.message}"
+            hint = part.layout_hint()
+            if hint:
+                output += f"\nhint, from all {total} checks: {hint}"
         counts = f" ({n}/{total} checks)" if graded else ""
         lines.append(Line(exercise.name, spec.name, "correctness", f"{title}: correctness{counts}",
                           max_c * fraction, max_c, _status(graded and not flagged and fraction == 1.0), output))
@@ -142,9 +175,10 @@ def score_part(exercise: Exercise, spec: Part, part: PartResult, factor: float, 
         lines.append(Line(exercise.name, spec.name, extra.name, name, max_x if ok else 0.0, max_x, _status(ok),
                           output))
 
-    # speed: no line where it was not measured (no GPU, an uncalibrated GPU); the reports say why
+    # speed: no line where the device cannot measure it (a CPU); the reports say why
     speed: SpeedResult = part.speed
-    if spec.speed_graded and (speed.fraction is not None or speed.status == NEEDS_REGRADE or regrade):
+    if spec.speed_graded and (measurable or speed.fraction is not None or speed.status == NEEDS_REGRADE
+                              or regrade):
         max_s = spec.speed_points * factor
         name = f"{title}: speed"
         if regrade or speed.status == NEEDS_REGRADE:
@@ -165,11 +199,16 @@ def score_exercise(exercise: Exercise, result: ExerciseResult, course: Course,
                    exercises: Iterable[Exercise]) -> ExerciseScore:
     factor = course.factor(exercise, exercises)
     by_name = {p.name: p for p in result.parts}
+    measurable = speed_measurable(result)
     lines: list[Line] = []
+    unavailable: list[Unavailable] = []
     for spec in exercise.parts:
         part = by_name.get(spec.name) or PartResult(spec.name, "error", result.message or "not graded")
-        lines.extend(score_part(exercise, spec, part, factor, course))
-    return ExerciseScore(exercise.name, exercise.title, result.status, result.message, lines)
+        part_lines = score_part(exercise, spec, part, factor, course, measurable)
+        if spec.speed_graded and not any(line.component == "speed" for line in part_lines):
+            unavailable.append(Unavailable(spec.name, spec.speed_points * factor, SPEED_NEEDS_GPU))
+        lines.extend(part_lines)
+    return ExerciseScore(exercise.name, exercise.title, result.status, result.message, lines, unavailable)
 
 
 def round_points(value: float) -> float:

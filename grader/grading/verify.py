@@ -81,11 +81,16 @@ def run(args: argparse.Namespace) -> int:
         for problem in problems:
             print(f"  {problem}", file=sys.stderr)
         return 1
-    speed_note = " (speed not measured: no GPU)" if "CUDA" not in batch.device else ""
+    missing = max((r.unavailable for r in batch.reports), default=0.0)
+    speed_note = ""
+    if missing > 0:
+        top = max(r.max_score + r.unavailable for r in batch.reports)
+        speed_note = (f" (speed not measured: it needs a GPU, so {_pts(missing)} of the {_pts(top)} points are not "
+                      "available here)")
     uncalibrated = sorted({f"{res.exercise}/{p.name}" for r in batch.reports for _, res in r.exercises
                            for p in res.parts if _uncalibrated(p)})
     if uncalibrated:
         speed_note = f" (speed not required: this GPU is not calibrated for {', '.join(uncalibrated)})"
-    print(f"grader verify: OK — every exercise earns full marks{speed_note} in {batch.elapsed_s:.1f} s",
+    print(f"grader verify: OK — every exercise earns full marks{speed_note}; {batch.elapsed_s:.1f} s of wall time",
           file=sys.stderr)
     return 0

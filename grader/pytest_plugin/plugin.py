@@ -1,4 +1,4 @@
-"""pytest plugin (registered through the ``pytest11`` entry point): options, markers, header, session
+"""pytest plugin (registered through the ``pytest11`` entry point): options, markers, header, the run's
 state and the ``grader_session`` fixture. Hooks only; the logic lives in the modules it imports."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Per-pytest-session state: the implementation tree under test, the device, and which exercises
-were found missing or unimplemented (reported once, then skipped)."""
+"""Per-pytest-session state: the implementation tree under test, the device, which exercises were found
+missing or unimplemented (reported once, then skipped), and hints drawn from all of a part's examples."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from types import ModuleType
 
 import pytest
 
-from grader.checks import execute, loader
+from grader.checks import execute, loader, verdicts
 from grader.checks.runtime import Mode
 from grader.checks.spec import Exercise, Part
 
@@ -26,6 +26,7 @@ class GraderSession:
     mode: Mode
     impl_root: Path | None  # None: the tree the test file lives in
     _status: dict[tuple, _Status] = field(default_factory=dict)
+    _hints: dict[tuple, str | None] = field(default_factory=dict)
 
     @property
     def device(self) -> str:
@@ -49,6 +50,13 @@ class GraderSession:
             status.reported = True
             pytest.fail(status.message, pytrace=False)
         pytest.skip(f"{status.message.splitlines()[0]} (reported above)")
+
+    def examples_hint(self, part: Part, module: ModuleType) -> str | None:
+        """The layout hint from all of ``part``'s examples (run once per module, on the first failure)."""
+        key = (id(module), part.name)
+        if key not in self._hints:
+            self._hints[key] = verdicts.examples_layout_hint(part, module, self.device)
+        return self._hints[key]
 
     def _probe(self, root: Path, exercise: Exercise, part: Part) -> _Status:
         load_key = (str(root), exercise.name, "<load>")

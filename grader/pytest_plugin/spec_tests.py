@@ -63,7 +63,10 @@ def _examples_test(exercise: Exercise, part: Part):
         reason = part.skip(case, grader_session.device)
         if reason:
             pytest.skip(reason)
-        _fail(verdicts.run_case(part, module, case, grader_session.device))
+        verdict = verdicts.run_case(part, module, case, grader_session.device)
+        if not verdict.passed and (hint := grader_session.examples_hint(part, module)):
+            verdict.message += f"\n  hint, from all the examples of {part.name}: {hint}"
+        _fail(verdict)
 
     test.__doc__ = f"{exercise.title} ({part.name}): fixed edge cases from grader/exercises/{exercise.name}.py"
     return test

@@ -302,10 +302,9 @@ def _attn_bwd_dq(
 # ----------------------------------------------------------------------------------------------
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) tried on an H100/H200, per head-dim class: four each, so
-# that compiling them all stays quick; chosen by a sweep on an H200 (scripts/gpu/fa_*_experiments.py
-# in the git history, numbers in docs/performance.md). Larger head dims need more registers per row
-# (the fp32 accumulators are BLOCK × D). The first entry is the untuned default; configs that do not
-# fit (fp32 inputs need twice the shared memory) are dropped.
+# that compiling them all stays quick; chosen by a sweep of tiles, warps and stages on an H200. Larger
+# head dims need more registers per row (the fp32 accumulators are BLOCK × D). The first entry is the
+# untuned default; configs that do not fit (fp32 inputs need twice the shared memory) are dropped.
 _FWD = {  # BLOCK_M % BLOCK_N == 0 for the causal split
     32: [(64, 32, 4, 3), (128, 32, 4, 3), (64, 64, 4, 3), (128, 64, 4, 3)],
     64: [(64, 64, 4, 3), (128, 64, 4, 3), (128, 128, 4, 3), (128, 64, 4, 4)],

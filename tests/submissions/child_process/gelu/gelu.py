@@ -1,4 +1,4 @@
-"""Correct, but leaves two processes running: one in its process group, one in a new session."""
+"""Correct, but leaves two processes running: one in its process group, one in a new process session (setsid)."""
 import subprocess
 import sys
 

@@ -1,0 +1,192 @@
+"""How a mismatch is explained: counts in plain English, "never written" only for memory no kernel wrote (on a
+CPU and a GPU alike: a NaN the kernel computed is a NaN), and hints where the shape of the errors suggests a
+cause — small errors everywhere (formula, constant, precision), errors from a block boundary on (mask, grid),
+failures only on non-contiguous inputs (strides), the last in pytest and in the grader's reports."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from grader import exercises
+from grader.checks import compare, execute, loader, tensors, verdicts
+from grader.checks.runtime import configure
+from grader.checks.spec import Tolerance
+from grader.grading import config, scoring
+from grader.grading.results import CheckResult, ExerciseResult, PartResult, SpeedResult
+
+from . import known_wrong
+
+GELU = exercises.get("gelu")
+TOL = Tolerance(torch.float32, 1e-5, 1e-5)
+
+
+def _message(got: torch.Tensor, expected: torch.Tensor) -> str:
+    mismatch = compare.compare("y", got, expected, TOL)
+    assert mismatch is not None
+    return mismatch.message
+
+
+def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+
+
+def test_a_small_systematic_error_suggests_the_formula():
+    x = torch.randn(1021, generator=tensors.generator(0), dtype=torch.float64)
+    exact = 0.5 * x * (1 + torch.erf(x / math.sqrt(2)))  # the erf GeLU against the tanh one
+    message = _message(exact.float(), _gelu_tanh(x))
+    assert "elements differ" in message and "hint: the errors are small" in message
+    assert "wrong formula or constant" in message and "precision" in message
+
+
+def test_large_or_isolated_errors_get_no_formula_hint():
+    e = torch.randn(1000, generator=tensors.generator(1), dtype=torch.float64)
+    assert "hint" not in _message((e * 2).float(), e)  # large errors
+    one = e.clone().float()
+    one[3] += 1e-3
+    assert "hint" not in _message(one, e)  # one element: no pattern
+
+
+def test_errors_from_a_block_boundary_on_suggest_the_mask_or_grid():
+    e = torch.randn(3000, generator=tensors.generator(2), dtype=torch.float64)
+    got = e.float()
+    got[1024:] = 0.0
+    message = _message(got, e)
+    assert "the first 1024 elements (in row-major order) are right" in message
+    assert "a multiple of 1024" in message and "triton.cdiv" in message
+    rows = torch.randn(3, 5000, generator=tensors.generator(3), dtype=torch.float64)
+    got = rows.float()
+    got[:, 4096:] = 7.0
+    message = _message(got, rows)
+    assert "in every row the first 4096 columns are right and the errors start at column 4096" in message
+    shifted = e.float()
+    shifted[1000:] = 0.0  # not a power-of-two boundary
+    assert "block boundary" not in _message(shifted, e)
+
+
+def test_counts_are_in_plain_english():
+    e = torch.randn(4097, generator=tensors.generator(4), dtype=torch.float64)
+    got = e.float()
+    tensors.fill_unwritten(got[4096:])
+    message = _message(got, e)
+    assert "1 of 4097 elements differs" in message
+    assert "1 element was never written" in message and "1 elements" not in message
+    assert compare.plural(1, "infinity", "infinities") == "1 infinity"
+    assert compare.plural(3, "infinity", "infinities") == "3 infinities"
+
+
+def test_a_computed_nan_is_not_called_never_written():
+    e = torch.randn(64, generator=tensors.generator(5), dtype=torch.float64)
+    neg_inf = torch.full((64,), float("-inf"))
+    computed = torch.exp(neg_inf - neg_inf)  # NaN from arithmetic, as a softmax over a masked block makes it
+    assert bool(computed.isnan().all())
+    message = _message(computed, e)
+    assert "64 NaN where a number was expected" in message and "never written" not in message
+    canonical = torch.full((64,), float("nan"))  # torch.empty's deterministic fill has these bits
+    assert "never written" not in _message(canonical, e)
+    fresh = torch.empty(64)
+    tensors.fill_unwritten(fresh)
+    assert "64 elements were never written" in _message(fresh, e)
+
+
+def _gelu_module(tmp_path: Path, body: str, grid: str) -> object:
+    """A student module for the gelu exercise with the given kernel body (x, offs, mask in scope)."""
+    tree = tmp_path / "impl"
+    (tree / "gelu").mkdir(parents=True)
+    (tree / "gelu" / "gelu.py").write_text(f'''
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+{body}
+    tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def gelu(x):
+    x = x.contiguous()
+    y = torch.empty_like(x)
+    n = x.numel()
+    _kernel[{grid}](x, y, n, BLOCK=256)
+    return y
+''')
+    return loader.load(tree, GELU, ("gelu",))
+
+
+def test_real_kernels_computed_nan_versus_skipped_blocks(tmp_path):
+    """Through the student's call and the integrity monitor (its fresh memory is marked), in the interpreter on a
+    CPU or compiled on a GPU."""
+    device = configure().device
+    part = GELU.part("forward")
+    case = next(c for c in part.examples if c["shape"] == (1021,))
+    nan_kernel = _gelu_module(tmp_path / "nan", "    neg = x * 0.0 - float('inf')\n    y = tl.exp(neg - neg)",
+                              "(triton.cdiv(n, 256),)")
+    verdict = verdicts.run_case(part, nan_kernel, case, device)
+    assert not verdict.passed and "1021 NaN where a number was expected" in verdict.message
+    assert "never written" not in verdict.message
+    tanh_gelu = "    y = x / (1.0 + tl.exp(-1.5957691216057308 * (x + 0.044715 * x * x * x)))"
+    half_grid = _gelu_module(tmp_path / "half", tanh_gelu, "(2,)")
+    verdict = verdicts.run_case(part, half_grid, case, device)
+    assert not verdict.passed and "509 elements were never written" in verdict.message
+    assert "errors start at element 512 (a multiple of 512)" in verdict.message
+
+
+def test_the_monitor_marks_only_what_the_call_allocates_uninitialized():
+    part = GELU.part("forward")
+    inputs = part.make_inputs(part.examples[2])
+    empty = execute.execute(part, SimpleNamespace(gelu=lambda x: torch.empty_like(x)), inputs, "cpu")
+    assert bool(tensors.unwritten_mask(empty.outputs["y"]).all())
+    zeros = execute.execute(part, SimpleNamespace(gelu=lambda x: torch.zeros_like(x)), inputs, "cpu")
+    assert not bool(tensors.unwritten_mask(zeros.outputs["y"]).any())
+
+
+def test_layout_hint_needs_failures_only_where_an_input_is_non_contiguous():
+    assert "non-contiguous input" in compare.layout_hint([(True, True), (False, False), (False, False)])
+    assert "the failing case has" in compare.layout_hint([(True, True), (False, False)])
+    assert compare.layout_hint([(True, False), (False, False)]) is None  # a contiguous case fails too
+    assert compare.layout_hint([(False, False)]) is None  # nothing contiguous passed
+    assert compare.layout_hint([(True, True), (False, True)]) is None  # nothing failed
+
+
+def test_pytest_and_the_grader_see_the_strides_hint():
+    fixture = next(f for f in known_wrong.discover() if f.id == "gelu/ignores_strides")
+    module = loader.load(fixture.root, GELU, ("gelu",))
+    part = GELU.part("forward")
+    hint = verdicts.examples_layout_hint(part, module, configure().device)
+    assert hint and "strides" in hint
+    solution = loader.load(known_wrong.SOLUTIONS, GELU, ("gelu",))
+    assert verdicts.examples_layout_hint(part, solution, configure().device) is None
+
+    result = PartResult("forward", "graded", speed=SpeedResult("not measured", "no GPU"))
+    result.checks = [CheckResult("a", "example", "a", "passed", contiguous=True),
+                     CheckResult("b", "random", "b", "failed", "wrong", contiguous=False),
+                     CheckResult("c", "integrity", "c", "passed")]
+    score = scoring.score_exercise(GELU, ExerciseResult("gelu", "GeLU", "graded", parts=[result]),
+                                   config.load_course(), (GELU,))
+    assert "hint, from all 2 checks: the failing case has a non-contiguous input" in score.lines[0].output
+    assert PartResult.from_dict(result.to_dict()).layout_hint() == result.layout_hint()
+
+
+@pytest.mark.parametrize("fixture_id", ["gelu/floor_grid", "softmax/one_block"])
+def test_known_wrong_unwritten_elements_are_named_and_computed_nans_are_not(fixture_id):
+    fixture = next(f for f in known_wrong.discover() if f.id == fixture_id)
+    exercise = exercises.get(fixture.exercise)
+    part = exercise.parts[0]
+    module = loader.load(fixture.root, exercise, part.functions)
+    device = configure().device
+    messages = [verdicts.run_case(part, module, c, device).message for c in part.examples
+                if part.skip(c, device) is None]
+    assert any("never written" in m for m in messages)
+    if fixture_id == "softmax/one_block":
+        # a fully masked 4096-column block computes exp(-inf - -inf) = NaN: not "never written"
+        message = next(m for m in messages if "8194 elements were never written" in m)
+        assert "16386 NaN where a number was expected" in message
