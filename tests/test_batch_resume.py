@@ -198,14 +198,24 @@ def test_a_live_marker_is_respected_and_a_stale_one_is_not(tmp_path):
     ann = _not_submitted(tmp_path / "ann")
     out = tmp_path / "out"
     grade_cmd.grade([str(ann)], out=out, options=_options())
-    store.write_marker(out, "ann", "softmax", markers.mine(slot="cpu-0", batch="x"))  # this very process
-    with pytest.raises(grade_cmd.UsageError, match=r"is being graded right now: ann/softmax \(pid \d+ on"):
-        grade_cmd.grade([str(ann)], out=out, options=_options())
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    stale = {**markers.mine(slot="cpu-0", batch="x"), "pid": int(dead.stdout)}
-    store.write_marker(out, "ann", "softmax", stale)
-    assert not markers.liveness(stale, 0.0).alive
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # another grader, say
+    try:
+        marker = {**markers.mine(slot="cpu-0", batch="x"), "pid": other.pid,
+                  "pid_start": markers.process_start(other.pid)}
+        store.write_marker(out, "ann", "softmax", marker)
+        with pytest.raises(grade_cmd.UsageError, match=rf"is being graded right now: ann/softmax \(pid {other.pid} on"):
+            grade_cmd.grade([str(ann)], out=out, options=_options())
+    finally:
+        other.kill()
+        other.wait()
+    assert not markers.liveness(marker, 0.0).alive  # its process is gone
+    reused = {**marker, "pid_start": "1"}  # a pid now used by another process is not the marker's
+    assert not markers.liveness({**reused, "pid": os.getppid()}, 0.0).alive
     grade_cmd.grade([str(ann)], out=out, options=_options())
+    elsewhere = {**marker, "host": "node-17", "job": "41_3"}
+    assert markers.liveness(elsewhere, 10.0, active_jobs={"41_3"}).alive
+    assert not markers.liveness(elsewhere, 10.0, active_jobs={"41_2"}).alive
+    assert markers.liveness(elsewhere, 10.0).alive and not markers.liveness(elsewhere, 1e4).alive  # heartbeat
 
 
 def test_a_report_that_cannot_be_written_makes_that_exercise_need_a_regrade(tmp_path, monkeypatch, capsys):

@@ -323,6 +323,8 @@ def grade(paths: list[str], *, out: Path, options: config.GradeOptions, title: s
         _check_idle(out)
         if options.fresh:
             store.clear_results(out)
+            if secret_source != store.SECRET_FILE and store.read_secret(out) not in (None, secret):
+                (out / store.SECRET_FILE).unlink()  # another batch's secret: it would be mistaken for this one's
         _open_batch(ctx, subs, secret=secret, secret_source=secret_source, new_secret=new_secret, options=options)
         tasks = _pending_tasks(ctx, subs)
         if slurm_settings is not None:
@@ -449,11 +451,12 @@ def _open_batch(ctx: _Context, subs: list[submission.Submission], *, secret: str
             raise resume.refuse(out, problems)
         changed = resume.changed_submissions(out, subs, hashes)
         if changed and not options.regrade_changed:
-            raise resume.refuse(out, [f"the files of {c} changed since they were graded" for c in changed],
+            raise resume.refuse(out, [f"the files of {c.student} ({c.source}) changed since they were graded"
+                                      for c in changed],
                                 hint="to grade the new files from scratch, add --regrade-changed; to grade "
                                 "everything again, --fresh")
-        for student in changed:
-            store.forget_student(out, student.split(" ", 1)[0])
+        for sub in changed:
+            store.forget_student(out, sub.student)
     if new_secret:
         store.write_secret(out, secret)
     current = {**ctx.identity(), "submissions": {s.student: str(s.source.resolve()) for s in subs}}

@@ -20,6 +20,7 @@ from typing import Any
 
 HEARTBEAT_S = 30.0
 STALE_S = 300.0
+_LIVE_BATCHES: set[str] = set()  # the batches this process is running now
 
 
 def _boot_id() -> str:
@@ -70,6 +71,9 @@ def liveness(data: dict[str, Any], age_s: float, active_jobs: set[str] | None = 
     host, pid = data.get("host", "?"), data.get("pid")
     where = f"pid {pid} on {host}" + (f", Slurm job {data['job']}" if data.get("job") else "")
     same_host = host == socket.gethostname() and data.get("boot") == _boot_id()
+    if same_host and pid == os.getpid():  # this process: alive only while the batch that wrote it runs
+        alive = data.get("batch") in _LIVE_BATCHES
+        return Liveness(alive, where if alive else f"{where}: that batch has ended", True)
     if same_host:
         alive = isinstance(pid, int) and process_start(pid) == data.get("pid_start")
         return Liveness(alive, where if alive else f"{where}: that process is gone", True)
@@ -81,9 +85,12 @@ def liveness(data: dict[str, Any], age_s: float, active_jobs: set[str] | None = 
 
 
 class Heartbeat:
-    """Touches the markers of the tasks this process runs, every ``HEARTBEAT_S``."""
+    """Touches the markers of the tasks this process runs for ``batch``, every ``HEARTBEAT_S``; the batch
+    counts as running in this process until :meth:`close`."""
 
-    def __init__(self, interval_s: float = HEARTBEAT_S):
+    def __init__(self, batch: str, interval_s: float = HEARTBEAT_S):
+        self.batch = batch
+        _LIVE_BATCHES.add(batch)
         self._paths: set[Path] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -111,3 +118,4 @@ class Heartbeat:
 
     def close(self) -> None:
         self._stop.set()
+        _LIVE_BATCHES.discard(self.batch)

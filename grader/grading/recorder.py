@@ -34,7 +34,7 @@ class Recorder:
         self.batch, self.gradebook, self.progress, self.profile = batch, gradebook, progress, profile
         self._reports = {s: rebuild.student_report(out, s, course=course, all_exercises=all_exercises, names=names,
                                                    device=device) for s in students}
-        self._heartbeat = markers.Heartbeat()
+        self._heartbeat = markers.Heartbeat(batch)
 
     def started(self, task: Task, slot: Slot) -> None:
         store.write_marker(self.out, task.student, task.exercise.name, markers.mine(slot=slot.name, batch=self.batch))

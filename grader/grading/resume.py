@@ -82,8 +82,8 @@ def refuse(out: Path, problems: Iterable[str], hint: str = START_FRESH) -> Confl
     return Conflict(f"{out} holds a batch that this run must not be mixed with:\n{lines}\n{hint}")
 
 
-def changed_submissions(out: Path, subs: Iterable[Submission], hashes: Mapping[str, str]) -> list[str]:
-    """The students whose prepared files differ from those the folder graded."""
+def changed_submissions(out: Path, subs: Iterable[Submission], hashes: Mapping[str, str]) -> list[Submission]:
+    """The submissions whose prepared files differ from those the folder graded under the same student id."""
     changed = []
     for sub in subs:
         try:
@@ -91,7 +91,7 @@ def changed_submissions(out: Path, subs: Iterable[Submission], hashes: Mapping[s
         except (OSError, ValueError):
             continue  # a new student
         if recorded is not None and recorded != hashes[sub.student]:
-            changed.append(f"{sub.student} ({sub.source})")
+            changed.append(sub)
     return changed
 
 

@@ -21,6 +21,7 @@ each call's arguments into files, while this needs one small shell script per ba
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -148,7 +149,12 @@ def submit(out: Path, tasks: Iterable[Task], *, settings: SlurmSettings, secret:
     array_job = _sbatch([*array_argv, str(task_script)], secret)
     merge_argv = [sbatch, "--parsable", *common, f"--dependency=afterany:{array_job}", "--kill-on-invalid-dep=no",
                   f"--output={logs}/merge-%j.log", "--cpus-per-task=1", str(merge_script)]
-    merge_job = _sbatch(merge_argv, secret)
+    try:
+        merge_job = _sbatch(merge_argv, secret)
+    except SlurmError:
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):  # no batch without its merge job
+            subprocess.run(["scancel", array_job], capture_output=True, timeout=60)
+        raise
     jobs = batch_jobs(out)
     jobs.append({"batch": number, "array_job": array_job, "merge_job": merge_job, "tasks": len(entries),
                  "tasks_file": str(tasks_file), "submitted": time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -183,12 +189,17 @@ def active_jobs(job_ids: Iterable[str]) -> set[str] | None:
 
 
 def active_batch_jobs(out: Path) -> set[str] | None:
-    """This folder's Slurm jobs still queued or running (None: squeue cannot answer)."""
-    jobs = batch_jobs(out)
+    """This folder's Slurm jobs still queued or running (None: squeue cannot answer). A merge job that has
+    merged is done, even while Slurm still lists it as completing."""
+    jobs = [e for e in batch_jobs(out) if not _merged(out, e["batch"]).exists()]
     active = active_jobs([j for entry in jobs for j in (entry["array_job"], entry["merge_job"])])
     if active is None:
         return None
     return {j for j in active if j.split("_")[0] in {e["array_job"] for e in jobs} | {e["merge_job"] for e in jobs}}
+
+
+def _merged(out: Path, batch: int) -> Path:
+    return _folder(out) / f"merged-{batch}.json"
 
 
 def task_of_student(out: Path) -> dict[str, tuple[str, Path]]:
@@ -206,12 +217,12 @@ def task_of_student(out: Path) -> dict[str, tuple[str, Path]]:
 
 
 def mark_merged(out: Path, batch: int, data: dict[str, Any]) -> None:
-    store.write_atomic(_folder(out) / f"merged-{batch}.json", json.dumps(data) + "\n")
+    store.write_atomic(_merged(out, batch), json.dumps(data) + "\n")
 
 
 def wait(out: Path, submitted: Submitted) -> None:
     """Until the merge job has merged; SlurmError if it ended without."""
-    marker = _folder(out.resolve()) / f"merged-{submitted.batch}.json"
+    marker = _merged(out.resolve(), submitted.batch)
     gone_since = None
     while not marker.exists():
         active = active_jobs([submitted.array_job, submitted.merge_job])

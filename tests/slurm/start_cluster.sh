@@ -11,6 +11,14 @@ set -euo pipefail
 
 if [ "${1:-}" = "--stop" ]; then
   dir=$(cd "$2" && pwd)
+  export SLURM_CONF="$dir/slurm.conf"
+  # Jobs first (their slurmstepd would outlive slurmd), then the daemons.
+  jobs=$(squeue -h -o %A 2>/dev/null | sort -u | tr '\n' ' ')
+  if [ -n "$jobs" ]; then
+    # shellcheck disable=SC2086
+    scancel $jobs 2>/dev/null || true
+    for _ in $(seq 1 40); do [ -z "$(squeue -h 2>/dev/null)" ] && break; sleep 0.25; done
+  fi
   for pidfile in "$dir/slurmd.pid" "$dir/slurmctld.pid" "$dir/munge/munged.pid"; do
     [ -f "$pidfile" ] && kill "$(cat "$pidfile")" 2>/dev/null || true
   done
