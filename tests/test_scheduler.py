@@ -4,6 +4,7 @@ elsewhere (and a failing student kernel not mistaken for one), and nothing commi
 
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -321,3 +322,39 @@ def test_supervise_holds_the_gpu_alone_for_the_speed_item(tmp_path):
     supervise.run(GELU, Path(__file__).resolve().parents[1] / "solutions", items, settings,
                   scratch=tmp_path / "scratch", gpu_lock=lock)
     assert lock.modes == ["shared"] * len(items) + ["exclusive"]
+
+
+@pytest.mark.slow
+def test_a_batch_on_fake_gpus_moves_the_work_of_a_failed_gpu_and_says_so(tmp_path, monkeypatch):
+    """The whole batch (grade() → scheduler → workers → reports) with two fake GPUs on the CPU: the first
+    health check after a crash fails, so that GPU leaves the pool and the crashed task runs on the other."""
+    from grader.grading import config, store
+    from grader.grading import grade as grade_cmd
+
+    repo = Path(__file__).resolve().parents[1]
+    shutil.copytree(repo / "solutions", tmp_path / "alice")
+    (tmp_path / "sam" / "gelu").mkdir(parents=True)
+    (tmp_path / "sam" / "gelu" / "gelu.py").write_text("import ctypes\nctypes.string_at(0)\n")  # crashes at import
+    monkeypatch.setattr(grade_cmd, "local_slots", lambda ctx, options: gpus.gpu_slots("all", 1, available=FAKE[:2],
+                                                                                        current=0))
+    probes = []
+
+    def probe(slot):
+        probes.append(slot.name)
+        return "health check failed: CUDA is not available" if len(probes) == 1 else None
+
+    monkeypatch.setattr(gpus, "probe_slot", probe)
+    out = tmp_path / "out"
+    batch = grade_cmd.grade([str(tmp_path / n) for n in ("alice", "sam")], out=out,
+                            options=config.GradeOptions(exercises=("gelu",), random_cases=0, secret="s"))
+    assert batch.left == 0 and len(probes) == 2 and probes[0] != probes[1]
+    (failure,) = store.gpu_failures(out)
+    assert failure["slot"] == probes[0] and failure["task"] == "sam gelu"
+    results = {s: store.load_exercises(out, s)["gelu"] for s in ("alice", "sam")}
+    assert all(r.device["kind"] == "cuda" and r.device["name"] == "Fake H100" for r in results.values())
+    sam = results["sam"]
+    assert f"cuda:{sam.device['index']}" == probes[1] and "crashed with SIGSEGV" in sam.problems[0]
+    assert sam.device["replaces"] == [f"{probes[0]} (Fake H100, GPU-fake-{probes[0][-1]}): {failure['reason']}"]
+    report = (out / "students" / "sam" / "report.md").read_text()
+    assert f"on GPU {sam.device['index']} (Fake H100, GPU-fake-{sam.device['index']}), graded again there" in report
+    assert "GPUs taken out of the pool" in (out / store.CLASS_REPORT_HTML).read_text()
