@@ -31,7 +31,7 @@ ARGS = ["--exercises", "gelu", "--random", "0", "--secret", "resume-secret"]
 SLOW_AND_DETACHING = '''
 import subprocess, sys, time
 subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
-time.sleep(6)
+time.sleep(4)
 '''
 
 

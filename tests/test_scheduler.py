@@ -4,6 +4,7 @@ elsewhere (and a failing student kernel not mistaken for one), and nothing commi
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import threading
 import time
@@ -314,9 +315,11 @@ def test_supervise_holds_the_gpu_alone_for_the_speed_item(tmp_path):
 
     settings = config.resolve(config.GradeOptions(random_cases=0, timeout_s=120), config.load_course(),
                               device="cpu", secret="s", workdir=tmp_path)
-    items = [it for it in plan.plan(GELU, device="cuda", secret="s", random_cases=0, speed_budget_s=0.1)
-             if it.role in ("example", "speed")]
-    assert items[-1].role == "speed" and len(items) > 2
+    planned = plan.plan(GELU, device="cuda", secret="s", random_cases=0, speed_budget_s=0.1)
+    (speed,) = [it for it in planned if it.role == "speed"]
+    # a speed request the worker answers at once (no such part), instead of timing in the interpreter for long
+    quick = dataclasses.replace(speed, part=dataclasses.replace(speed.part, name="no-such-part"), recheck=None)
+    items = [*[it for it in planned if it.role == "example"][:2], quick]
     lock = _SpyLock()
     (tmp_path / "scratch").mkdir()
     supervise.run(GELU, Path(__file__).resolve().parents[1] / "solutions", items, settings,

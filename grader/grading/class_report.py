@@ -301,6 +301,9 @@ def _leaderboard(students: list[StudentReport], ratios: Ratios, display_names: M
                  table: _Table) -> list[str]:
     """The geometric mean of each student's ratios, for the students timed on every benchmark."""
     everyone = set(ratios)
+    if not everyone:
+        return ['<h2 id="leaderboard">Speed leaderboard (verified)</h2><p id="no-leaderboard">No leaderboard: no '
+                "speed was measured in this batch.</p>"]
     board = []
     for report in students:
         mine, gpus = {}, set()

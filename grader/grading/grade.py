@@ -128,8 +128,8 @@ def options_from_args(args: argparse.Namespace) -> config.GradeOptions:
 
 
 def run(args: argparse.Namespace) -> int:
-    options = options_from_args(args)
     try:
+        options = options_from_args(args)
         if args.regrade_errors:
             if args.submissions:
                 raise UsageError("--regrade-errors OUT takes no submissions: it regrades what OUT holds")

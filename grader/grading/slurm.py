@@ -74,11 +74,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def overrides(args: argparse.Namespace) -> dict[str, Any] | None:
     """The command line's [slurm] overrides, or None for a local batch."""
-    if not getattr(args, "slurm", False):
+    if not hasattr(args, "slurm"):
         return None
-    return {"partition": args.partition, "gres": args.gres, "time_limit": args.time_limit,
-            "max_parallel": args.max_parallel, "cpus_per_task": args.cpus_per_task, "mem": args.mem,
-            "extra_args": args.sbatch_arg}
+    given = {"partition": args.partition, "gres": args.gres, "time_limit": args.time_limit,
+             "max_parallel": args.max_parallel, "cpus_per_task": args.cpus_per_task, "mem": args.mem,
+             "extra_args": args.sbatch_arg}
+    if not args.slurm:
+        flags = {"extra_args": "--sbatch-arg"}
+        named = [flags.get(k, f"--{k.replace('_', '-')}") for k, v in given.items() if v is not None]
+        named += ["--wait"] if args.wait else []
+        if named:
+            raise SlurmError(f"{', '.join(named)} only apply with --slurm")
+        return None
+    return given
 
 
 def _folder(out: Path) -> Path:
