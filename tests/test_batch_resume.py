@@ -211,7 +211,10 @@ def test_a_live_marker_is_respected_and_a_stale_one_is_not(tmp_path):
     assert not markers.liveness(marker, 0.0).alive  # its process is gone
     reused = {**marker, "pid_start": "1"}  # a pid now used by another process is not the marker's
     assert not markers.liveness({**reused, "pid": os.getppid()}, 0.0).alive
+    unfinished = out / "students" / "ann" / ".report.md.x1y2.tmp"  # a write its killer interrupted
+    unfinished.write_text("half")
     grade_cmd.grade([str(ann)], out=out, options=_options())
+    assert not unfinished.exists()
     elsewhere = {**marker, "host": "node-17", "job": "41_3"}
     assert markers.liveness(elsewhere, 10.0, active_jobs={"41_3"}).alive
     assert not markers.liveness(elsewhere, 10.0, active_jobs={"41_2"}).alive

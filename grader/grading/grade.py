@@ -414,21 +414,25 @@ def _prepare(sources: list[Path], workdir: Path, selected, solutions_id: str | N
 
 def _check_idle(out: Path) -> None:
     """Refuse to grade into a folder that another live process (or a queued Slurm batch) is grading;
-    clear what a dead one left behind (its processes, by token: the reaper's backstop)."""
+    clear what a dead one left behind (its processes, by token, should its reaper have failed too; and
+    temporary files of writes it did not finish)."""
     active = slurm.active_batch_jobs(out)
     if active:
         raise UsageError(f"{out}: Slurm job(s) {', '.join(sorted(active))} of this batch are still queued or "
                          f"running; wait for them (grader status {out}) or cancel them (scancel)")
-    busy = []
+    busy, dead = [], set()
     for student, exercise, data, age in store.read_markers(out):
         life = markers.liveness(data, age, active)
         if life.alive:
             busy.append(f"{student}/{exercise} ({life.why})")
         elif life.same_host and data.get("batch"):
-            reaper.kill_batch(str(data["batch"]))
+            dead.add(str(data["batch"]))
     if busy:
         raise UsageError(f"{out} is being graded right now: {', '.join(busy[:5])}"
                          f"{' ...' if len(busy) > 5 else ''}; wait for it to finish or stop it")
+    for batch in dead:
+        reaper.kill_batch(batch)
+    store.remove_temporary_files(out)
 
 
 def _open_batch(ctx: _Context, subs: list[submission.Submission], *, secret: str, secret_source: str,

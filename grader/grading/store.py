@@ -53,6 +53,15 @@ def write_atomic(path: Path, text: str, *, mode: int = 0o644) -> None:
         raise
 
 
+def remove_temporary_files(out: Path) -> int:
+    """Remove what a writer killed between its temporary file and the rename left behind."""
+    found = [p for p in out.rglob(".*.tmp") if p.is_file()] if out.is_dir() else []
+    for path in found:
+        with contextlib.suppress(OSError):
+            path.unlink()
+    return len(found)
+
+
 def student_dir(out: Path, student: str) -> Path:
     return out / STUDENTS / student
 
