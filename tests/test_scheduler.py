@@ -331,6 +331,7 @@ def test_supervise_holds_the_gpu_alone_for_the_speed_item(tmp_path):
 def test_a_batch_on_fake_gpus_moves_the_work_of_a_failed_gpu_and_says_so(tmp_path, monkeypatch):
     """The whole batch (grade() → scheduler → workers → reports) with two fake GPUs on the CPU: the first
     health check after a crash fails, so that GPU leaves the pool and the crashed task runs on the other."""
+    from grader.grading import batch as batch_mod
     from grader.grading import config, store
     from grader.grading import grade as grade_cmd
 
@@ -338,7 +339,7 @@ def test_a_batch_on_fake_gpus_moves_the_work_of_a_failed_gpu_and_says_so(tmp_pat
     shutil.copytree(repo / "solutions", tmp_path / "alice")
     (tmp_path / "sam" / "gelu").mkdir(parents=True)
     (tmp_path / "sam" / "gelu" / "gelu.py").write_text("import ctypes\nctypes.string_at(0)\n")  # crashes at import
-    monkeypatch.setattr(grade_cmd, "local_slots", lambda ctx, options: gpus.gpu_slots("all", 1, available=FAKE[:2],
+    monkeypatch.setattr(batch_mod, "local_slots", lambda ctx, options: gpus.gpu_slots("all", 1, available=FAKE[:2],
                                                                                         current=0))
     probes = []
 
