@@ -51,8 +51,8 @@ def run_array_task(out: Path, tasks_file: Path, index: int) -> int:
     if not secret or fingerprint != recorded.get("secret_fingerprint"):
         print(f"grader grade-task: {out / store.SECRET_FILE} is missing or is not the batch's secret", file=sys.stderr)
         return 2
-    cpus = os.environ.get("SLURM_CPUS_PER_TASK")
-    jobs = int(cpus) if cpus and cpus.isdigit() else None
+    cpus = os.environ.get("SLURM_CPUS_PER_TASK")  # on the CPU, as many workers as the task has CPUs
+    jobs = int(cpus) if cpus and cpus.isdigit() and recorded.get("device_kind") == "cpu" else None
     options = batch_mod.recorded_options(recorded, config.GradeOptions(jobs=jobs, gpus="all"))
     with batch_mod.Workspace(False) as work:
         ctx = batch_mod.make_context(out, options, secret=secret, work=work)
