@@ -81,6 +81,25 @@ def _processes_under(path: Path) -> list[int]:
     return found
 
 
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0] == b"Z"
+    except OSError:
+        return True
+
+
+def _detached(scratch: Path) -> list[int]:
+    """The child bob's code started in a session of its own."""
+    found = []
+    for pid in _processes_under(scratch):
+        try:
+            if b"time.sleep(600)" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
 def _no_leftovers(scratch: Path, out: Path) -> None:
     _wait_for(lambda: not _processes_under(scratch), 15, f"the batch's processes to end: {_processes_under(scratch)}")
     _wait_for(lambda: not any(scratch.iterdir()), 15, "the reaper to remove the scratch directory")
@@ -99,11 +118,13 @@ def test_sigkill_mid_batch_then_the_same_command_grades_only_the_rest(tmp_path, 
     first = _grader(subs, out, scratch, "--jobs", "1")
     _wait_for(lambda: _state(out, "alice").exists(), what="alice's result")
     _wait_for(lambda: store.marker_path(out, "bob", "gelu").exists(), what="bob's task to start")
-    _wait_for(lambda: len(_processes_under(scratch)) >= 3, what="bob's worker and its detached child")
+    _wait_for(lambda: _detached(scratch), what="bob's detached child")
+    (child,) = _detached(scratch)
     first.send_signal(signal.SIGKILL)
     first.wait(10)
     first.stdout.close()
     _no_leftovers(scratch, out)
+    assert not Path(f"/proc/{child}/cmdline").exists() or _zombie(child)
 
     alice = _state(out, "alice")
     before = (alice.read_bytes(), alice.stat().st_mtime_ns)
