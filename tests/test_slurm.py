@@ -7,6 +7,7 @@ Where no cluster can be started (no slurm-wlm/munge, not root) the test is skipp
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -115,3 +116,70 @@ def test_a_slurm_batch_grades_like_a_local_one_and_keeps_the_secret(cluster, tmp
     jobs = slurm.batch_jobs(out)
     assert len(jobs) == 2 and jobs[1]["tasks"] == 1
     assert (out / "grades.csv").read_text() == (local / "grades.csv").read_text()
+
+
+# ------------------------------------------------------------------------------------------ without a cluster
+
+FAKE_SBATCH = """#!/bin/bash
+# records how it was called, answers a job id
+n=$(( $(ls "$RECORD" | wc -l) + 100 ))
+{ printf '%s\\n' "$@"; echo ---; env; } > "$RECORD/$n"
+echo "$n;cluster"
+"""
+
+
+def test_the_course_file_sets_the_slurm_defaults_and_the_command_line_overrides_them(tmp_path):
+    course = config.load_course()
+    assert config.slurm_settings(course, {}).device == "cpu"
+    assert config.slurm_settings(course, {"gres": "gpu:h100:1"}).device == "cuda"
+    assert config.slurm_settings(course, {"extra_args": ["--gpus-per-task=1"]}).device == "cuda"
+    overlay = tmp_path / "course.toml"
+    overlay.write_text('[slurm]\npartition = "gpu"\nmax_parallel = 8\n')
+    settings = config.slurm_settings(config.load_course(overlay), {"max_parallel": 2, "partition": None})
+    assert (settings.partition, settings.max_parallel, settings.time_limit) == ("gpu", 2, "02:00:00")
+    overlay.write_text("[slurm]\nmax_paralel = 8\n")
+    with pytest.raises(config.CourseError, match=r"unknown key.*max_paralel"):
+        config.load_course(overlay)
+    overlay.write_text('[slurm]\nmax_parallel = "8"\n')
+    with pytest.raises(config.CourseError, match="max_parallel must be int"):
+        config.load_course(overlay)
+
+
+def test_one_array_longest_first_and_a_merge_job_without_the_secret(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from grader import exercises
+    from grader.grading.scheduler import Task
+
+    bin_dir, record = tmp_path / "bin", tmp_path / "calls"
+    bin_dir.mkdir()
+    record.mkdir()
+    (bin_dir / "sbatch").write_text(FAKE_SBATCH)
+    (bin_dir / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("RECORD", str(record))
+    secret = "the-secret-" + secrets.token_hex(8)
+    monkeypatch.setenv("GRADER_SECRET", secret)
+    gelu, fa = exercises.get("gelu"), exercises.get("flash_attention")
+    tasks = [Task("amy", gelu, SimpleNamespace(source=Path("/s/amy")), estimate_s=20.0),
+             Task("bo", gelu, SimpleNamespace(source=Path("/s/bo")), estimate_s=20.0),
+             Task("bo", fa, SimpleNamespace(source=Path("/s/bo")), estimate_s=150.0)]
+    settings = config.slurm_settings(config.load_course(), {
+        "partition": "gpu", "gres": "gpu:1", "time_limit": "00:30:00", "max_parallel": 4, "mem": "32G",
+        "extra_args": ["--account=cs336"]})
+    out = tmp_path / "out"
+    submitted = slurm.submit(out, tasks, settings=settings, secret=secret)
+    assert (submitted.array_job, submitted.merge_job) == ("100", "101")
+    array, merge = ((record / n).read_text().split("---\n") for n in ("100", "101"))
+    args = array[0].splitlines()
+    assert {"--array=0-1%4", "--partition=gpu", "--gres=gpu:1", "--time=00:30:00", "--mem=32G",
+            "--account=cs336", "--parsable"} <= set(args)
+    assert f"--output={out}/staff/slurm/logs/%A_%a.log" in args and args[-1].endswith("batch-1.sh")
+    assert "--dependency=afterany:100" in merge[0].splitlines() and merge[0].splitlines()[-1].endswith("merge-1.sh")
+    entries = json.loads(submitted.tasks_file.read_text())["students"]
+    assert [(e["student"], e["exercises"]) for e in entries] == [("bo", ["gelu", "flash_attention"]), ("amy", ["gelu"])]
+    script = (out / "staff" / "slurm" / "batch-1.sh").read_text()
+    assert 'grade-task' in script and '--index "$SLURM_ARRAY_TASK_ID"' in script
+    for text in (*array, *merge, script, (out / "staff" / "slurm" / "jobs.json").read_text()):
+        assert secret not in text and "GRADER_SECRET=" not in text
+    assert slurm.batch_jobs(out)[0]["array_job"] == "100"

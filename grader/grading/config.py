@@ -175,8 +175,9 @@ class SlurmSettings:
 
     @property
     def device(self) -> str:
-        """Where the tasks grade: on a GPU when they ask Slurm for one."""
-        return "cuda" if "gpu" in self.gres.lower() else "cpu"
+        """Where the tasks grade: on a GPU when they ask Slurm for one (``--gres=gpu...``, ``--gpus...``)."""
+        asks = "gpu" in self.gres.lower() or any(a.startswith(("--gpus", "-G")) for a in self.extra_args)
+        return "cuda" if asks else "cpu"
 
 
 def slurm_settings(course: Course, overrides: Mapping[str, Any]) -> SlurmSettings:
