@@ -104,7 +104,7 @@ class _Cells(HTMLParser):
     def handle_starttag(self, tag, attrs):
         attrs = dict(attrs)
         self.data += [(tag, k, v) for k, v in attrs.items() if k.startswith("data-")]
-        if tag in ("br", "line", "circle", "rect") and tag != "rect":
+        if tag in ("br", "meta", "hr", "img"):  # no end tag follows
             return
         self._open.append(attrs.get("id"))
         if attrs.get("id"):
