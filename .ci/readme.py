@@ -50,6 +50,8 @@ def expectations(root: Path) -> list[tuple[str, Expect]]:
         (r"grader verify", Expect((0,), ("grader verify: OK",))),
         (r"grader grade solutions --out grading-out", Expect((0,), ("reports written to grading-out",))),
         (r"grader grade --regrade-errors grading-out", Expect((0,), ("reports written to grading-out",))),
+        (r"grader status grading-out", Expect((0,), ("done",))),
+        (r"grader grade solutions --out grading-gpus --gpus all", Expect((0,), ("reports written to grading-gpus",))),
         (r"grader release course-release --notebooks", Expect((0,), ("every stub failed with 'not implemented'",))),
         (r"grader calibrate", Expect((2,), needs_gpu, (0,), ("wrote ",))),
         (r"grader bench \S+ --impl solutions.*", Expect((2,), needs_gpu, (0,), ("roofline: copy",))),

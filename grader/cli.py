@@ -10,10 +10,12 @@ import argparse
 import importlib
 import sys
 
-# command -> (module, help)
+# command -> (module, help); no help: a command the grader runs itself (not listed)
 COMMANDS = {
     "list": ("grader.cli", "list the exercises, their parts and their points"),
     "grade": ("grader.grading.grade", "grade student submissions (directories, .zip or .ipynb)"),
+    "status": ("grader.grading.status", "where a grading batch stands: done, running, failed, needs regrade"),
+    "grade-task": ("grader.grading.grade_task", None),
     "verify": ("grader.grading.verify", "grade solutions/ and fail unless every exercise earns full marks"),
     "release": ("grader.grading.release", "write the student release (no solutions, no hidden material)"),
     "calibrate": ("grader.speed.calibrate", "measure the references on this GPU and write its thresholds file"),
@@ -56,6 +58,7 @@ def run(args: argparse.Namespace) -> int:  # "list"
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="grader", description="Grade and benchmark Triton kernel exercises.")
     sub = parser.add_subparsers(dest="command", required=True)
+    shown = []
     for command, (module_name, help_text) in COMMANDS.items():
         try:
             module = importlib.import_module(module_name)
@@ -63,9 +66,12 @@ def _parser() -> argparse.ArgumentParser:
             if exc.name is None or not (module_name == exc.name or module_name.startswith(exc.name + ".")):
                 raise
             continue  # not shipped here: the student release has no instructor commands
-        p = sub.add_parser(command, help=help_text, description=help_text)
+        p = sub.add_parser(command, description=help_text, **({"help": help_text} if help_text else {}))
         module.add_arguments(p)
         p.set_defaults(module=module)
+        if help_text:
+            shown.append(command)
+    sub.metavar = "{" + ",".join(shown) + "}"
     return parser
 
 

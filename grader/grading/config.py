@@ -38,6 +38,7 @@ class Course:
     correctness: str
     grading: Mapping[str, Any]  # the [grading] table as read (per-device keys resolved by setting())
     source: str
+    slurm: Mapping[str, Any] = field(default_factory=dict)  # the [slurm] table: where a batch runs, not how it scores
 
     def weight(self, exercise: str) -> float:
         return float(self.weights.get(exercise, 1.0))
@@ -57,11 +58,14 @@ class Course:
         """Course points per point declared by ``exercise``."""
         return self.scale(exercises) * self.weight(exercise.name)
 
-    def fingerprint(self) -> str:
-        """A digest of what the course file decides (weights, totals, modes, limits)."""
-        data = {"name": self.name, "total": self.total, "weights": dict(self.weights),
+    def decisions(self) -> dict[str, Any]:
+        """What the course file decides about scores (weights, totals, modes, limits), as plain data."""
+        return {"name": self.name, "total": self.total, "weights": dict(self.weights),
                 "correctness": self.correctness, "grading": dict(self.grading)}
-        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+    def fingerprint(self) -> str:
+        """A digest of :meth:`decisions`."""
+        return hashlib.sha256(json.dumps(self.decisions(), sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -89,9 +93,10 @@ def load_course(path: str | Path | None = None, *, known: tuple[str, ...] | None
         if not path.is_file():
             raise CourseError(f"{path}: no such course file")
         overlay = _read(path)
-        unknown_tables = sorted(set(overlay) - {"course", "weights", "grading"})
+        unknown_tables = sorted(set(overlay) - {"course", "weights", "grading", "slurm"})
         if unknown_tables:
-            raise CourseError(f"{path}: unknown table(s) {', '.join(unknown_tables)} (known: course, weights, grading)")
+            raise CourseError(f"{path}: unknown table(s) {', '.join(unknown_tables)} "
+                              "(known: course, weights, grading, slurm)")
         for table, values in overlay.items():
             if not isinstance(values, dict):
                 raise CourseError(f"{path}: [{table}] must be a table")
@@ -109,6 +114,7 @@ def load_course(path: str | Path | None = None, *, known: tuple[str, ...] | None
             correctness=str(grading.get("correctness", "")),
             grading=dict(grading),
             source=source,
+            slurm=_slurm_table(data.get("slurm", {}), source),
         )
         for key in PER_DEVICE:
             for device in DEVICES:
@@ -134,6 +140,54 @@ def load_course(path: str | Path | None = None, *, known: tuple[str, ...] | None
     return course
 
 
+SLURM_KEYS = {"partition": str, "gres": str, "time_limit": str, "max_parallel": int, "cpus_per_task": int,
+              "mem": str, "extra_args": list}
+
+
+def _slurm_table(table: Mapping[str, Any], source: str) -> dict[str, Any]:
+    unknown = sorted(set(table) - set(SLURM_KEYS))
+    if unknown:
+        raise CourseError(f"{source}: [slurm] has unknown key(s) {', '.join(unknown)} (known: {', '.join(SLURM_KEYS)})")
+    for key, kind in SLURM_KEYS.items():
+        if key not in table:
+            raise CourseError(f"{source}: [slurm] has no {key}")
+        value = table[key]
+        if not isinstance(value, kind) or (kind is list and not all(isinstance(v, str) for v in value)):
+            expected = "a list of strings" if kind is list else kind.__name__
+            raise CourseError(f"{source}: [slurm] {key} must be {expected}")
+    if table["max_parallel"] < 0 or table["cpus_per_task"] < 1:
+        raise CourseError(f"{source}: [slurm] max_parallel must be >= 0 and cpus_per_task >= 1")
+    return dict(table)
+
+
+@dataclass(frozen=True)
+class SlurmSettings:
+    """How a batch is submitted to Slurm (``grader grade --slurm``): the [slurm] table, with the command
+    line's overrides."""
+
+    partition: str
+    gres: str
+    time_limit: str
+    max_parallel: int
+    cpus_per_task: int
+    mem: str
+    extra_args: tuple[str, ...]
+
+    @property
+    def device(self) -> str:
+        """Where the tasks grade: on a GPU when they ask Slurm for one (``--gres=gpu...``, ``--gpus...``)."""
+        asks = "gpu" in self.gres.lower() or any(a.startswith(("--gpus", "-G")) for a in self.extra_args)
+        return "cuda" if asks else "cpu"
+
+
+def slurm_settings(course: Course, overrides: Mapping[str, Any]) -> SlurmSettings:
+    values = {**course.slurm, **{k: v for k, v in overrides.items() if v is not None}}
+    return SlurmSettings(partition=str(values["partition"]), gres=str(values["gres"]),
+                         time_limit=str(values["time_limit"]), max_parallel=int(values["max_parallel"]),
+                         cpus_per_task=int(values["cpus_per_task"]), mem=str(values["mem"]),
+                         extra_args=tuple(values["extra_args"]))
+
+
 @dataclass(frozen=True)
 class GradeOptions:
     """What one ``grader grade`` run was asked for; None means "as the course file says"."""
@@ -148,6 +202,11 @@ class GradeOptions:
     course: Path | None = None
     keep_work: bool = False
     profile: bool = False
+    gpus: str | None = None  # "all", "0,2,3"; None: the current GPU
+    fresh: bool = False  # discard what the output folder holds and grade everything again
+    regrade_changed: bool = False  # grade again, from scratch, the submissions whose files changed
+    slurm: Mapping[str, Any] | None = None  # submit to Slurm, with these [slurm] overrides; None: grade here
+    wait: bool = False  # Slurm: wait for the batch to end
 
     def replace(self, **changes: Any) -> GradeOptions:
         values = {f.name: getattr(self, f.name) for f in fields(self)}

@@ -1,40 +1,45 @@
-"""``grader grade SUBMISSION... [--out DIR] [options]`` and ``grader grade --regrade-errors OUT``.
+"""``grader grade SUBMISSION... [--out DIR] [options]``, ``grader grade --regrade-errors OUT``, and the same
+batch through Slurm (``--slurm``).
 
-Grades every exercise of every submission, each in its own sandboxed worker, and writes the reports
-(:mod:`grader.grading.reports`) into the output folder (:mod:`grader.grading.store`) as results come in.
-The secret that seeds the hidden cases comes from ``--secret``, else ``$GRADER_SECRET``, else a fresh
-random one written to ``OUT/secret.txt`` (keep it to reproduce the run; never give it to students).
+A batch is a list of tasks, one per (student, exercise) (:mod:`grader.grading.batch`):
 
-A fault of the grader itself makes the part it touched "needs regrade" (never a 0); the command then
-exits with status 3 and says how many parts, and ``grader grade --regrade-errors OUT`` runs exactly those
-parts again with the same secret and settings.
+1. build the task list from the prepared submissions and the selected exercises;
+2. skip what the output folder already holds — a batch grading into a folder that holds one resumes it,
+   provided it is the same batch (same secret, course configuration, settings and submission files:
+   :mod:`grader.grading.resume` names what differs and refuses);
+3. run the tasks on local slots (:mod:`grader.grading.scheduler`: CPU workers, or one worker per GPU with
+   ``--gpus``), or as one Slurm job array (:mod:`grader.grading.slurm`) whose tasks grade exactly as a local
+   batch does (:mod:`grader.grading.grade_task`);
+4. commit each result atomically the moment it is judged (:mod:`grader.grading.recorder`);
+5. rebuild the gradebook and the class report from the folder (:mod:`grader.grading.rebuild`).
+
+The secret that seeds the hidden cases comes from ``--secret``, else ``$GRADER_SECRET``, else the folder's
+``secret.txt``, else a fresh random one written there (mode 600; keep it, never give it to students).
+
+A batch stopped by Ctrl-C or SIGTERM kills its workers and records nothing they return; a SIGKILLed one
+is cleaned up by its reaper (:mod:`grader.grading.reaper`). Either way, running the same command again
+grades what is left. A fault of the grader itself makes the part it touched "needs regrade" (never a 0);
+the command then exits with status 3, and ``grader grade --regrade-errors OUT`` runs those parts again.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
-import secrets
-import shutil
+import signal
 import sys
-import tempfile
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from grader.checks.spec import Exercise
-from grader.grading import config, reports, runner, scoring, store, submission
-from grader.grading.results import ERROR, NEEDS_REGRADE, ExerciseResult
+from grader.grading import batch as batch_mod
+from grader.grading import config, gpus, rebuild, resume, slurm, store, submission
+from grader.grading.batch import Batch, Terminated, UsageError
+from grader.grading.scheduler import Task
 
 DEFAULT_OUT = "grading-out"
 EXIT_NEEDS_REGRADE = 3
-
-
-class UsageError(Exception):
-    pass
+EXIT_UNFINISHED = 4
+EXIT_INTERRUPTED = 130
 
 
 # ------------------------------------------------------------------------------------------ the CLI
@@ -44,7 +49,10 @@ def add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--exercises", nargs="+", metavar="NAME",
                         help="grade only these exercises (names or a comma-separated list; default: all)")
     parser.add_argument("--jobs", "-j", type=int, default=None,
-                        help="exercise runs at once (default: course.toml; on a GPU, 1 keeps timings fair)")
+                        help="exercise runs at once: on a CPU in all, on GPUs per GPU (default: course.toml; a "
+                        "speed measurement always holds its GPU alone)")
+    parser.add_argument("--gpus", default=None, metavar="all|0,2,3",
+                        help="the GPUs to grade on, one worker each (default: the current GPU)")
     parser.add_argument("--timeout", type=float, default=None, metavar="S",
                         help="wall-clock limit per exercise and submission (default: course.toml)")
     parser.add_argument("--call-timeout", type=float, default=None, metavar="S",
@@ -53,7 +61,8 @@ def add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--random", type=int, default=None, metavar="N",
                         help="random cases per part on top of the examples (default: course.toml)")
     parser.add_argument("--memory-mb", type=int, default=None, help="memory limit per worker (default: course.toml)")
-    parser.add_argument("--secret", default=None, help="secret seed (default: $GRADER_SECRET, else a random one)")
+    parser.add_argument("--secret", default=None,
+                        help="secret seed (default: $GRADER_SECRET, else OUT/secret.txt, else a random one)")
     parser.add_argument("--course", default=None, metavar="FILE",
                         help="course file laid over grader/grading/course.toml (default: that file alone)")
     parser.add_argument("--keep-work", action="store_true", help="keep the scratch directory (for debugging)")
@@ -64,10 +73,16 @@ def add_common(parser: argparse.ArgumentParser) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("submissions", nargs="*", metavar="SUBMISSION",
                         help="a directory laid out like assignments/, a .zip of one, or a .ipynb")
-    parser.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=f"report directory (default: {DEFAULT_OUT})")
+    parser.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
+                        help=f"report directory (default: {DEFAULT_OUT}); a batch there is resumed")
     parser.add_argument("--regrade-errors", default=None, metavar="OUT",
                         help="run again exactly the parts of OUT that need a regrade (same secret and settings)")
+    parser.add_argument("--fresh", action="store_true",
+                        help="discard what --out holds (results, reports, markers; not secret.txt) and grade anew")
+    parser.add_argument("--regrade-changed", action="store_true",
+                        help="grade from scratch the submissions whose files changed since --out graded them")
     add_common(parser)
+    slurm.add_arguments(parser)
 
 
 def options_from_args(args: argparse.Namespace) -> config.GradeOptions:
@@ -75,13 +90,16 @@ def options_from_args(args: argparse.Namespace) -> config.GradeOptions:
     return config.GradeOptions(
         exercises=names, jobs=args.jobs, timeout_s=args.timeout, call_timeout_s=args.call_timeout,
         random_cases=args.random, memory_mb=args.memory_mb, secret=args.secret,
-        course=Path(args.course) if args.course else None, keep_work=args.keep_work, profile=args.profile,
+        course=Path(args.course).resolve() if args.course else None, keep_work=args.keep_work,
+        profile=args.profile, gpus=args.gpus, fresh=getattr(args, "fresh", False),
+        regrade_changed=getattr(args, "regrade_changed", False), slurm=slurm.overrides(args),
+        wait=getattr(args, "wait", False),
     )
 
 
 def run(args: argparse.Namespace) -> int:
-    options = options_from_args(args)
     try:
+        options = options_from_args(args)
         if args.regrade_errors:
             if args.submissions:
                 raise UsageError("--regrade-errors OUT takes no submissions: it regrades what OUT holds")
@@ -90,122 +108,53 @@ def run(args: argparse.Namespace) -> int:
             if not args.submissions:
                 raise UsageError("no submissions given (or use --regrade-errors OUT)")
             batch = grade(args.submissions, out=Path(args.out), options=options)
-    except (UsageError, config.CourseError) as exc:
+    except (UsageError, config.CourseError, resume.Conflict, gpus.GpuSelectionError, slurm.SlurmError) as exc:
         print(f"grader grade: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:
+        print("grader grade: stopped; what was graded is kept: run the same command again to grade the rest",
+              file=sys.stderr)
+        return 128 + signal.SIGTERM if isinstance(exc, Terminated) else EXIT_INTERRUPTED
+    if batch.submitted:
+        print(batch.submitted, file=sys.stderr)
+        return 0
     print(f"reports written to {batch.out}", file=sys.stderr)
     return exit_status(batch)
 
 
 def exit_status(batch: Batch) -> int:
     parts = batch.regrade_parts()
-    if not parts:
-        return 0
-    print(f"grader grade: {len(parts)} part(s) need a regrade because the grader failed on them (not the "
-          f"students): {', '.join(parts[:10])}{' ...' if len(parts) > 10 else ''}\n"
-          f"  tracebacks: {batch.out / store.STAFF / 'grader-errors.log'}\n"
-          f"  regrade them with: grader grade --regrade-errors {batch.out}", file=sys.stderr)
-    return EXIT_NEEDS_REGRADE
+    if parts:
+        print(f"grader grade: {len(parts)} part(s) need a regrade because the grader failed on them (not the "
+              f"students): {', '.join(parts[:10])}{' ...' if len(parts) > 10 else ''}\n"
+              f"  tracebacks: {batch.out / store.STAFF / 'grader-errors.log'}\n"
+              f"  regrade them with: grader grade --regrade-errors {batch.out}", file=sys.stderr)
+        return EXIT_NEEDS_REGRADE
+    if batch.left:
+        print(f"grader grade: {batch.left} exercise run(s) were not graded ({batch.left_reason}); run the same "
+              "command again to grade them", file=sys.stderr)
+        return EXIT_UNFINISHED
+    return 0
 
 
 # ---------------------------------------------------------------------------------------- the batch
 
 
-@dataclass
-class Batch:
-    out: Path
-    reports: list[reports.StudentReport]
-    exercises: tuple[Exercise, ...]
-    elapsed_s: float
-    device: str
-
-    def regrade_parts(self) -> list[str]:
-        return [f"{r.student}: {p}" for r in self.reports for p in r.regrade_parts()]
-
-
-@dataclass
-class _Context:
-    """What every exercise run of a batch shares."""
-
-    out: Path
-    mode: object  # grader.checks.runtime.Mode
-    course: config.Course
-    all_exercises: tuple[Exercise, ...]
-    selected: tuple[Exercise, ...]
-    settings: config.RunSettings
-    jobs: int
-    device_info: dict
-    student_reports: dict[str, reports.StudentReport] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    @property
-    def names(self) -> list[str]:
-        return [e.name for e in self.selected]
-
-
-def _select(all_exercises: tuple[Exercise, ...], names: tuple[str, ...]) -> tuple[Exercise, ...]:
-    if not names:
-        return all_exercises
-    known = {e.name: e for e in all_exercises}
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        raise UsageError(f"unknown exercise(s) {', '.join(unknown)} (known: {', '.join(known)})")
-    return tuple(e for e in all_exercises if e.name in names)
-
-
-def secret_fingerprint(secret: str, salt: str) -> str:
-    return hashlib.sha256(f"{salt}\x1f{secret}".encode()).hexdigest()[:16]
-
-
-def _secret(options: config.GradeOptions, out: Path) -> tuple[str, str]:
-    """The secret and where it came from."""
-    if options.secret:
-        return options.secret, "--secret"
-    if os.environ.get("GRADER_SECRET"):
-        return os.environ["GRADER_SECRET"], "$GRADER_SECRET"
-    secret = secrets.token_hex(16)
-    store.write_secret(out, secret)
-    return secret, store.SECRET_FILE
-
-
-def _device_info(mode) -> dict:
-    if not mode.is_cuda:
-        return {"kind": "cpu"}
-    import torch
-
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    return {"kind": "cuda", "name": props.name, "index": torch.cuda.current_device(),
-            "uuid": str(getattr(props, "uuid", ""))}
-
-
-def _context(out: Path, options: config.GradeOptions, *, secret: str, workdir: Path) -> _Context:
-    from grader import exercises as registry
-    from grader.checks import runtime
-
-    mode = runtime.configure()
-    all_ex = registry.all_exercises()
-    course = config.load_course(options.course, known=tuple(e.name for e in all_ex))
-    selected = _select(all_ex, options.exercises)
-    settings = config.resolve(options, course, device=mode.device, secret=secret, workdir=workdir,
-                              gpu_name=mode.gpu_name)
-    jobs = options.jobs or course.setting("jobs", mode.device)
-    if mode.is_cuda and jobs > 1:
-        print(f"grader grade: warning: --jobs {jobs} on one GPU makes the workers' timings interfere", file=sys.stderr)
-    return _Context(out, mode, course, all_ex, selected, settings, jobs, _device_info(mode))
-
-
 def grade(paths: list[str], *, out: Path, options: config.GradeOptions, title: str = "Grades",
           solutions_id: str | None = None) -> Batch:
-    """Grade ``paths`` into ``out``; returns the reports. Usage problems raise UsageError."""
-    for path in map(Path, paths):
-        if not path.exists():
-            raise UsageError(f"{path}: no such file or directory")
+    """Grade ``paths`` into ``out`` (resuming the batch there); returns the reports. Usage problems raise
+    UsageError, a folder holding another batch resume.Conflict."""
+    batch_mod.check_paths(paths)
     out.mkdir(parents=True, exist_ok=True)
-    workdir = Path(tempfile.mkdtemp(prefix="grader-"))
-    os.chmod(workdir, 0o700)
-    try:
-        secret, secret_source = _secret(options, out)
-        ctx = _context(out, options, secret=secret, workdir=workdir)
+    start = time.monotonic()
+    with batch_mod.Workspace(options.keep_work) as work:
+        secret, secret_source, new_secret = batch_mod.resolve_secret(options, out)
+        slurm_settings = None
+        if options.slurm is not None:
+            course = config.load_course(options.course)
+            slurm_settings = config.slurm_settings(course, options.slurm)
+        ctx = batch_mod.make_context(out, options, secret=secret, work=work,
+                       device=slurm_settings.device if slurm_settings else None)
         sources = submission.expand([Path(p) for p in paths], ctx.selected)
         if not sources:
             raise UsageError("no submissions to grade")
@@ -214,217 +163,83 @@ def grade(paths: list[str], *, out: Path, options: config.GradeOptions, title: s
                 submission.kind_of(path)
             except submission.SubmissionError as exc:
                 raise UsageError(str(exc)) from None
-        start = time.monotonic()
-        subs = _prepare(sources, workdir, ctx.selected, solutions_id)
-        salt = secrets.token_hex(8)
-        store.write_run(out, {
-            "device": ctx.mode.description, "gpu": ctx.mode.gpu_name, "exercises": ctx.names,
-            "random_cases": ctx.settings.random_cases, "timeout_s": ctx.settings.timeout_s,
-            "call_timeout_s": ctx.settings.call_timeout_s, "memory_mb": ctx.settings.memory_mb, "jobs": ctx.jobs,
-            "course": ctx.course.source, "course_fingerprint": ctx.course.fingerprint(),
-            "correctness": ctx.course.correctness, "submissions": {s.student: str(s.source) for s in subs},
-            "secret": secret_source, "secret_salt": salt, "secret_fingerprint": secret_fingerprint(secret, salt),
-        })
-        for sub in subs:
-            ctx.student_reports[sub.student] = reports.StudentReport(
-                sub.student, str(sub.source), sub.kind, list(sub.problems), ctx.mode.description)
-            store.save_submission(out, sub.student, {"source": str(sub.source.resolve()), "kind": sub.kind,
-                                                     "problems": sub.problems, "solutions_id": solutions_id})
-        tasks = [(sub, ex, None) for sub in subs for ex in ctx.selected]
-        _run_tasks(ctx, tasks, workdir, options,
-                   f"grading {len(subs)} submission(s) × {len(ctx.selected)} exercise(s) on {ctx.mode.device}")
-        return _finish(ctx, time.monotonic() - start, title, len(subs), len(tasks))
-    finally:
-        _cleanup(workdir, options.keep_work)
+        subs = batch_mod.prepare_all(sources, work.dir, ctx.selected, solutions_id)
+        batch_mod.check_idle(out)
+        if options.fresh:
+            store.clear_results(out)
+            if secret_source != store.SECRET_FILE and store.read_secret(out) not in (None, secret):
+                (out / store.SECRET_FILE).unlink()  # another batch's secret: it would be mistaken for this one's
+        batch_mod.open_batch(ctx, subs, secret=secret, secret_source=secret_source, new_secret=new_secret,
+                             options=options)
+        tasks = batch_mod.pending_tasks(ctx, subs)
+        if slurm_settings is not None:
+            return _submit(ctx, tasks, secret=secret, settings=slurm_settings, wait=options.wait, start=start)
+        description = (f"grading {len(tasks)} exercise run(s) of {len(subs)} submission(s) × {len(ctx.selected)} "
+                       f"exercise(s) on {ctx.device}" + _resumed_note(len(subs) * len(ctx.selected), len(tasks)))
+        done, left = batch_mod.run_local(ctx, tasks, work, options, description, students=store.students(out))
+        return batch_mod.finish(ctx, time.monotonic() - start, title, done, left)
+
+
+def _resumed_note(total: int, pending: int) -> str:
+    return f" ({total - pending} already graded in the output folder)" if pending < total else ""
 
 
 def regrade_errors(out: Path, *, options: config.GradeOptions) -> Batch:
     """Run again exactly the parts of ``out`` that need a regrade, with the run's secret and settings."""
-    try:
-        recorded = store.read_run(out)
-    except (OSError, ValueError):
-        raise UsageError(f"{out}: no grading run here (no readable {store.RUN_FILE})") from None
+    recorded = batch_mod.recorded_run(out)
     secret = options.secret or os.environ.get("GRADER_SECRET") or store.read_secret(out)
     if not secret:
         raise UsageError(f"{out}: the run's secret came from {recorded.get('secret')}: give it again "
                          "(--secret or $GRADER_SECRET)")
-    if secret_fingerprint(secret, recorded.get("secret_salt", "")) != recorded.get("secret_fingerprint"):
+    if resume.secret_fingerprint(secret, recorded.get("secret_salt", "")) != recorded.get("secret_fingerprint"):
         raise UsageError(f"{out}: that is not the secret this run was graded with (it came from "
                          f"{recorded.get('secret')})")
-    options = options.replace(
-        exercises=tuple(recorded["exercises"]), random_cases=recorded["random_cases"],
-        timeout_s=recorded["timeout_s"], call_timeout_s=recorded["call_timeout_s"],
-        memory_mb=recorded["memory_mb"], course=Path(recorded["course"]) if recorded.get("course") else None)
-    workdir = Path(tempfile.mkdtemp(prefix="grader-"))
-    os.chmod(workdir, 0o700)
-    try:
-        ctx = _context(out, options, secret=secret, workdir=workdir)
-        if ctx.course.fingerprint() != recorded.get("course_fingerprint"):
-            raise UsageError(f"{out}: the course file {ctx.course.source} changed since the run was graded; "
-                             "regrade the whole batch instead")
-        start = time.monotonic()
-        tasks = []
+    options = batch_mod.recorded_options(recorded, options)
+    start = time.monotonic()
+    with batch_mod.Workspace(options.keep_work) as work:
+        ctx = batch_mod.make_context(out, options, secret=secret, work=work)
+        problems = resume.conflicts(recorded, ctx.identity(), secret)
+        if problems:
+            raise resume.refuse(out, problems, hint="regrade the whole batch instead (grader grade ... --fresh)")
+        batch_mod.check_idle(out)
+        subs = []
         for i, student in enumerate(store.students(out)):
-            previous = store.load_exercises(out, student)
-            meta = store.load_submission(out, student)
-            report = reports.StudentReport(student, meta["source"], meta["kind"], list(meta["problems"]),
-                                           ctx.mode.description)
-            exercises_by_name = {e.name: e for e in ctx.selected}
-            for name, result in previous.items():
-                if name in exercises_by_name:
-                    report.exercises.append((scoring.score_exercise(exercises_by_name[name], result, ctx.course,
-                                                                    ctx.all_exercises), result))
-            ctx.student_reports[student] = report
-            wanted = {name: result for name, result in previous.items() if result.needs_regrade}
-            if not wanted:
+            if not any(r.needs_regrade for r in store.load_exercises(out, student).values()):
                 continue
-            source = Path(meta["source"])
-            if not source.exists():
-                raise UsageError(f"{student}: the submission {source} is gone; it cannot be regraded")
-            sub = submission.prepare(source, workdir / f"sub{i}", ctx.selected)
-            sub.student = student
-            for name, result in wanted.items():
-                tasks.append((sub, exercises_by_name[name], result))
-        _run_tasks(ctx, tasks, workdir, options, f"regrading {len(tasks)} exercise run(s) on {ctx.mode.device}")
-        return _finish(ctx, time.monotonic() - start, "Regrade", len(ctx.student_reports), len(tasks))
-    finally:
-        _cleanup(workdir, options.keep_work)
+            subs.append(batch_mod.reprepare(out, student, work.dir / f"sub{i}", ctx.selected))
+        tasks = [t for t in batch_mod.pending_tasks(ctx, subs) if t.previous is not None]
+        done, left = batch_mod.run_local(ctx, tasks, work, options,
+                                         f"regrading {len(tasks)} exercise run(s) on {ctx.device}",
+                                         students=store.students(out))
+        return batch_mod.finish(ctx, time.monotonic() - start, "Regrade", done, left)
 
 
-def _prepare(sources: list[Path], workdir: Path, selected, solutions_id: str | None) -> list[submission.Submission]:
-    subs, used = [], set()
-    for i, path in enumerate(sources):
-        sub = submission.prepare(path, workdir / f"sub{i}", selected)
-        if solutions_id:
-            sub.student = solutions_id
-        base, n = sub.student, 2
-        while sub.student in used:
-            sub.student, n = f"{base}-{n}", n + 1
-        used.add(sub.student)
-        subs.append(sub)
-    return subs
+# ------------------------------------------------------------------------------------------ Slurm
 
 
-def _grade_one(ctx: _Context, sub: submission.Submission, exercise: Exercise, previous: ExerciseResult | None,
-               workdir: Path) -> ExerciseResult:
-    if not sub.usable:
-        return ExerciseResult(exercise.name, exercise.title, ERROR,
-                              "the submission could not be read: " + "; ".join(sub.problems))
-    parts = tuple(previous.regrade_parts()) if previous is not None else None
-    result = runner.grade_exercise(exercise, sub.root, settings=ctx.settings,
-                                   scratch=workdir / f"scratch-{sub.student}-{exercise.name}",
-                                   cache_dir=workdir / f"triton-cache-{sub.student}", parts=parts,
-                                   device_info=ctx.device_info)
-    return runner.merge_regrade(previous, result) if previous is not None else result
-
-
-def _record(ctx: _Context, student: str, exercise: Exercise, result: ExerciseResult) -> None:
-    """Commit one exercise's result and rewrite the student's reports and the gradebook."""
-    store.save_exercise(ctx.out, student, result)
-    store.log_grader_errors(ctx.out, student, result)
-    score = scoring.score_exercise(exercise, result, ctx.course, ctx.all_exercises)
-    order = {e.name: i for i, e in enumerate(ctx.selected)}
-    with ctx.lock:
-        report = ctx.student_reports[student]
-        report.exercises = [(s, r) for s, r in report.exercises if s.exercise != exercise.name]
-        report.exercises.append((score, result))
-        report.exercises.sort(key=lambda pair: order.get(pair[0].exercise, 99))
-        report.elapsed_s = sum(r.elapsed_s for _, r in report.exercises)
-        reports.write_student(ctx.out, report)
-        store.write_atomic(ctx.out / store.GRADEBOOK,
-                           reports.gradebook_csv(list(ctx.student_reports.values()), ctx.names))
-
-
-def _run_tasks(ctx: _Context, tasks, workdir: Path, options: config.GradeOptions, description: str) -> None:
-    from grader.grading import sandbox
-
-    progress = _Progress(len(tasks), description)
-    pool = ThreadPoolExecutor(max_workers=max(1, ctx.jobs))
+def _submit(ctx: batch_mod.Context, tasks: list[Task], *, secret: str, settings: config.SlurmSettings, wait: bool,
+            start: float) -> Batch:
+    if store.read_secret(ctx.out) != secret:
+        store.write_secret(ctx.out, secret)  # the tasks read it there (mode 600), never from the job's command
+    if not tasks:
+        print("grader grade: every exercise run is graded already; rebuilding the reports", file=sys.stderr)
+        return batch_mod.finish(ctx, time.monotonic() - start, "Grades", 0, [])
+    jobs = slurm.submit(ctx.out, tasks, settings=settings, secret=secret)
+    note = (f"submitted {len(tasks)} exercise run(s) of {len({t.student for t in tasks})} submission(s) as Slurm job "
+            f"array {jobs.array_job} and merge job {jobs.merge_job}; follow with: grader status {ctx.out}")
+    if not wait:
+        return Batch(ctx.out, [], ctx.selected, time.monotonic() - start, ctx.description, submitted=note)
+    print(note, file=sys.stderr)
     try:
-        futures = {pool.submit(_grade_one, ctx, sub, ex, prev, workdir): (sub, ex) for sub, ex, prev in tasks}
-        for future in as_completed(futures):
-            sub, ex = futures[future]
-            try:
-                result = future.result()
-            except Exception as exc:  # _grade_one catches its own; a last resort: still the grader's fault
-                from grader.grading.judging import GRADER_FAULT, grader_error
-
-                result = ExerciseResult(ex.name, ex.title, NEEDS_REGRADE, GRADER_FAULT,
-                                        grader_errors=[grader_error(ex.name, exc)])
-            _record(ctx, sub.student, ex, result)
-            progress.advance(f"{sub.student} {ex.name}: {result.status} ({result.elapsed_s:.1f} s)")
-            if options.profile:
-                progress.note(_profile_text(sub.student, result))
+        slurm.wait(ctx.out, jobs)
     except KeyboardInterrupt:
-        sandbox.kill_active()
-        pool.shutdown(wait=False, cancel_futures=True)
-        progress.stop()
-        print("grader grade: interrupted; the reports hold what was graded so far", file=sys.stderr)
+        print(f"grader grade: no longer waiting; the jobs go on (scancel {jobs.array_job} {jobs.merge_job} to "
+              "stop them)", file=sys.stderr)
         raise
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-        progress.stop()
-
-
-def _profile_text(student: str, result: ExerciseResult) -> str:
-    steps = ", ".join(f"{k} {v:.1f} s" for k, v in result.profile.items() if k != "total")
-    return f"  profile {student} {result.exercise}: {steps}"
-
-
-def _finish(ctx: _Context, elapsed: float, title: str, n_subs: int, n_tasks: int) -> Batch:
-    batch = Batch(ctx.out, list(ctx.student_reports.values()), ctx.selected, elapsed, ctx.mode.description)
-    from rich.console import Console
-
-    console = Console(stderr=True, highlight=False)
-    if not console.is_terminal:
-        console = Console(stderr=True, highlight=False, width=160)  # logs: no wrapping of the table
-    console.print(reports.summary_table(batch.reports, ctx.names, title=f"{title} ({ctx.mode.description})"))
-    console.print(f"graded {n_subs} submission(s), {n_tasks} exercise run(s) in {elapsed:.1f} s "
-                  f"({ctx.settings.random_cases} random case(s) per part, {ctx.jobs} job(s))")
+    students = rebuild.all_reports(ctx.out, course=ctx.course, all_exercises=ctx.all_exercises)
+    left = sum(1 for t in tasks if t.exercise.name not in store.committed(ctx.out, t.student))
+    batch = Batch(ctx.out, students, ctx.selected, time.monotonic() - start, ctx.description,
+                  graded=len(tasks) - left, left=left,
+                  left_reason=f"their Slurm tasks ended without a result: see grader status {ctx.out}")
+    batch_mod.summary(ctx, batch, "Grades (Slurm)")
     return batch
-
-
-def _cleanup(workdir: Path, keep: bool) -> None:
-    if keep:
-        print(f"scratch directory kept: {workdir}", file=sys.stderr)
-    else:
-        shutil.rmtree(workdir, ignore_errors=True)
-
-
-class _Progress:
-    """A rich progress bar on a terminal; one plain line per finished task otherwise (logs stay readable)."""
-
-    def __init__(self, total: int, description: str):
-        from rich.console import Console
-
-        self.console = Console(stderr=True)
-        self.total, self.done = total, 0
-        self.bar = None
-        if self.console.is_terminal:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                TimeElapsedColumn(), console=self.console, transient=False)
-            self.task = self.bar.add_task(description, total=total)
-            self.bar.start()
-        else:
-            print(description, file=sys.stderr, flush=True)
-
-    def advance(self, message: str) -> None:
-        self.done += 1
-        if self.bar is not None:
-            self.bar.console.log(message)
-            self.bar.advance(self.task)
-        else:
-            print(f"[{self.done}/{self.total}] {message}", file=sys.stderr, flush=True)
-
-    def note(self, message: str) -> None:
-        if self.bar is not None:
-            self.bar.console.log(message)
-        else:
-            print(message, file=sys.stderr, flush=True)
-
-    def stop(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
-            self.bar = None

@@ -181,8 +181,19 @@ def markdown(report: StudentReport) -> str:
                 out += ["", f"{part.name}: speed {part.speed.message}"]
         if result.problems:
             out += ["", "**Problems while grading:**", "", _fence("\n\n".join(result.problems))]
-        out += ["", f"_{score.exercise} took {result.elapsed_s:.1f} s._"]
+        out += ["", f"_{score.exercise} took {result.elapsed_s:.1f} s{ran_on(result)}._"]
     return "\n".join(out) + "\n"
+
+
+def ran_on(result: ExerciseResult) -> str:
+    """' on GPU 2 (NVIDIA H100, GPU-...)' and the GPUs that failed under it, if any; nothing on the CPU."""
+    device = result.device
+    if device.get("kind") != "cuda":
+        return ""
+    text = f" on GPU {device.get('index', '?')} ({device.get('name', '?')}, {device.get('uuid') or 'no UUID'})"
+    if device.get("replaces"):
+        text += f", graded again there after a GPU failed: {'; '.join(device['replaces'])}"
+    return text
 
 
 def _status_text(score: ExerciseScore) -> str:
@@ -293,7 +304,8 @@ def render_html(report: StudentReport) -> str:
         if result.problems:
             h.append('<h3>Problems while grading</h3><pre class="problem">'
                      f"{_e(chr(10).join(p + chr(10) for p in result.problems))}</pre>")
-        h.append(f'<p class="meta">{_e(score.exercise)} took {result.elapsed_s:.1f} s.</p></section>')
+        h.append(f'<p class="meta">{_e(score.exercise)} took {result.elapsed_s:.1f} s{_e(ran_on(result))}.</p>'
+                 "</section>")
     h.append("</body></html>")
     return "\n".join(h)
 

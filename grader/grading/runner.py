@@ -29,14 +29,19 @@ from grader.grading.results import (
     PartResult,
     SpeedResult,
 )
+from grader.grading.slots import Slot
 
 
 def grade_exercise(exercise: Exercise, root: Path, *, settings: RunSettings, scratch: Path,
                    cache_dir: Path | None = None, parts: tuple[str, ...] | None = None,
-                   device_info: dict | None = None) -> ExerciseResult:
-    """Grade ``exercise`` of the tree ``root`` (only ``parts``, for a regrade)."""
+                   slot: Slot | None = None) -> ExerciseResult:
+    """Grade ``exercise`` of the tree ``root`` (only ``parts``, for a regrade) on ``slot``: its workers get
+    the slot's environment (the GPU they are pinned to), and the result records the slot's device."""
     start = time.monotonic()
-    result = ExerciseResult(exercise.name, exercise.title, GRADED, device=dict(device_info or {}))
+    if slot is not None:
+        settings = replace(settings, env={**settings.env, **slot.env}, gpu_name=slot.gpu_name or settings.gpu_name)
+    device = dict(slot.device) if slot is not None else {"kind": settings.device}
+    result = ExerciseResult(exercise.name, exercise.title, GRADED, device=device)
     selected = [p for p in exercise.parts if parts is None or p.name in parts]
     path = loader.module_path(root, exercise)
     if not path.is_file():
@@ -54,7 +59,7 @@ def grade_exercise(exercise: Exercise, root: Path, *, settings: RunSettings, scr
         judge = ExerciseJudge(exercise, device=settings.device, student_dir=os.path.realpath(path.parent),
                               gpu_name=settings.gpu_name)
         run = supervise.run(exercise, root, items, settings, scratch=scratch, cache_dir=cache_dir,
-                            on_reply=judge.on_reply)
+                            on_reply=judge.on_reply, gpu_lock=slot.lock if slot is not None else None)
         result.log = "\n".join(run.logs)
         result.problems = run.problems
         result.profile.update(run.profile)

@@ -13,7 +13,8 @@ A submission is one of
 The student id is the directory or file name without extension, unless the submission carries a
 manifest: ``student.toml`` with ``student_id = "..."`` next to the exercise folders or at the top
 (directories, zips), or the notebook
-metadata ``{"grader": {"student_id": "..."}}``. Ids are reduced to ``[A-Za-z0-9._-]``.
+metadata ``{"grader": {"student_id": "..."}}``. Ids are reduced to ``[A-Za-z0-9._-]``. The same places may
+hold ``display_name``: the name a student opts into for the class's speed leaderboard.
 
 A folder that holds submissions rather than exercise folders (several student folders, zips or notebooks)
 stands for the submissions in it: ``grader grade export/`` grades every one.
@@ -48,6 +49,7 @@ class Submission:
     kind: str  # "directory" | "zip" | "notebook"
     root: Path | None = None  # the implementation tree; None when nothing in it can be graded
     problems: list[str] = field(default_factory=list)  # what is wrong with the submission as a whole
+    display_name: str | None = None  # opted into for the leaderboard (manifest or notebook metadata)
 
     @property
     def usable(self) -> bool:
@@ -136,8 +138,17 @@ def _manifest_id(manifest: Path, sub: Submission) -> str | None:
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         sub.problems.append(f"{MANIFEST} is not valid TOML ({exc}); using the id {sub.student!r}")
         return None
+    sub.display_name = display_name(data.get("display_name"))
     value = data.get("student_id")
     return sanitize(str(value)) if value else None
+
+
+def display_name(value) -> str | None:
+    """A printable name of at most 40 characters, or None."""
+    if not isinstance(value, str):
+        return None
+    text = "".join(ch for ch in value if ch.isprintable()).strip()[:40]
+    return text or None
 
 
 def find_root(tree: Path, exercises: tuple[Exercise, ...], depth: int = 2) -> Path | None:
@@ -271,6 +282,8 @@ def _from_notebook(path: Path, impl: Path, exercises: tuple[Exercise, ...], sub:
     meta = nb.metadata.get("grader", {}) if isinstance(nb.metadata, dict) else {}
     if isinstance(meta, dict) and meta.get("student_id"):
         sub.student = sanitize(str(meta["student_id"]))
+    if isinstance(meta, dict):
+        sub.display_name = display_name(meta.get("display_name"))
     modules, problems = notebook_modules(nb, exercises)
     sub.problems.extend(f"notebook {path.name}: {p}" for p in problems)
     if not modules:

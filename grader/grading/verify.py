@@ -66,8 +66,9 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="grader-verify-") as tmp:
         out = Path(args.out) if args.out else Path(tmp)
         try:
-            batch = grade([str(solutions)], out=out, options=options_from_args(args), title="grader verify",
-                          solutions_id="solutions")
+            # always from scratch: a verification never trusts results already in --out
+            batch = grade([str(solutions)], out=out, options=options_from_args(args).replace(fresh=True),
+                          title="grader verify", solutions_id="solutions")
         except (UsageError, config.CourseError) as exc:
             print(f"grader verify: {exc}", file=sys.stderr)
             return 2

@@ -1,0 +1,364 @@
+"""The batch scheduler on the CPU with fake GPUs: which GPUs a batch uses and how a worker is pinned to one,
+longest work first, never two timed runs on one GPU, a failing GPU taken out of the pool with its work run
+elsewhere (and a failing student kernel not mistaken for one), and nothing committed once a batch stops."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from grader import exercises
+from grader.grading import gpus, scheduler
+from grader.grading.results import GRADED, ExerciseResult
+from grader.grading.scheduler import Scheduler, Task
+from grader.grading.slots import SharedExclusiveLock, Slot
+
+GELU = exercises.get("gelu")
+FAKE = [gpus.Gpu(i, "Fake H100", f"GPU-fake-{i}", str(i)) for i in range(4)]
+
+
+def _tasks(n: int, estimates=None) -> list[Task]:
+    estimates = estimates or [1.0] * n
+    return [Task(f"s{i}", GELU, SimpleNamespace(student=f"s{i}"), estimate_s=e) for i, e in enumerate(estimates)]
+
+
+def _ok(task: Task, slot: Slot, **extra) -> ExerciseResult:
+    return ExerciseResult(task.exercise.name, task.exercise.title, GRADED, device=dict(slot.device), **extra)
+
+
+class _Log:
+    """Commits and the slots they ran on."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.committed: list[tuple[str, ExerciseResult]] = []
+
+    def commit(self, task: Task, result: ExerciseResult) -> None:
+        with self.lock:
+            self.committed.append((task.student, result))
+
+
+# ------------------------------------------------------------------------------------------ the GPUs
+
+
+def test_gpu_selection_current_all_and_a_list():
+    assert [g.index for g in gpus.select(None, FAKE, current=2)] == [2]
+    assert [g.index for g in gpus.select("all", FAKE, current=0)] == [0, 1, 2, 3]
+    assert [g.index for g in gpus.select("0,2,3", FAKE, current=0)] == [0, 2, 3]
+    with pytest.raises(gpus.GpuSelectionError, match="no GPU '7' here"):
+        gpus.select("0,7", FAKE, current=0)
+    with pytest.raises(gpus.GpuSelectionError, match="no GPU is visible"):
+        gpus.select("all", [], current=0)
+
+
+def test_each_gpu_slot_pins_its_worker_and_records_the_device():
+    slots = gpus.gpu_slots("1,3", 2, available=FAKE, current=0)
+    assert [s.name for s in slots] == ["cuda:1", "cuda:3"]
+    assert [dict(s.env) for s in slots] == [{"CUDA_VISIBLE_DEVICES": "1"}, {"CUDA_VISIBLE_DEVICES": "3"}]
+    assert slots[1].device == {"kind": "cuda", "name": "Fake H100", "index": 3, "uuid": "GPU-fake-3"}
+    assert all(s.capacity == 2 and s.gpu_name == "Fake H100" for s in slots)
+    assert slots[0].lock is not slots[1].lock
+
+
+def test_visible_gpus_honour_a_restricted_cuda_visible_devices(monkeypatch):
+    """Under Slurm (or a user's own restriction) device i of this process is the i-th listed one."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-aaa,5")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda i: SimpleNamespace(name=f"Fake {i}", uuid=f"uuid-{i}"))
+    found = gpus.visible()
+    assert [(g.index, g.pin, g.uuid) for g in found] == [(0, "GPU-aaa", "uuid-0"), (1, "5", "uuid-1")]
+
+
+# ------------------------------------------------------------------------------------------ the lock
+
+
+def test_shared_holders_overlap_and_exclusive_is_alone():
+    lock = SharedExclusiveLock()
+    inside, leave = threading.Barrier(3, timeout=5), threading.Barrier(3, timeout=5)
+    counts = []
+
+    def reader():
+        with lock.shared():
+            inside.wait()  # all three readers are inside at once
+            counts.append(lock.holders)
+            leave.wait()
+
+    threads = [threading.Thread(target=reader) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(5)
+    assert counts == [(3, False)] * 3
+
+    events = []
+    writer_in, release_writer = threading.Event(), threading.Event()
+
+    def writer():
+        with lock.exclusive():
+            events.append(("writer", lock.holders))
+            writer_in.set()
+            release_writer.wait(5)
+
+    def late_reader():
+        with lock.shared():
+            events.append(("reader", lock.holders))
+
+    w, r = threading.Thread(target=writer), threading.Thread(target=late_reader)
+    with lock.shared():
+        w.start()
+        time.sleep(0.2)
+        assert not writer_in.is_set()  # the writer waits for the reader inside
+        r.start()
+        time.sleep(0.2)
+        assert events == []  # a reader arriving later waits behind the writer: no starvation
+    assert writer_in.wait(5)
+    time.sleep(0.2)
+    assert events == [("writer", (0, True))]  # alone
+    release_writer.set()
+    w.join(5)
+    r.join(5)
+    assert events == [("writer", (0, True)), ("reader", (1, False))]
+
+
+# ------------------------------------------------------------------------------------------ scheduling
+
+
+def test_longest_work_first():
+    log, order = _Log(), []
+    slots = [Slot("cpu-0", {"kind": "cpu"})]
+
+    def grade(task, slot):
+        order.append(task.estimate_s)
+        return _ok(task, slot)
+
+    Scheduler(slots, grade, log.commit).run(_tasks(6, [3.0, 40.0, 1.0, 160.0, 25.0, 25.0]))
+    assert order == [160.0, 40.0, 25.0, 25.0, 3.0, 1.0]
+    assert len(log.committed) == 6
+
+
+def test_every_gpu_is_used_each_worker_is_pinned_and_never_two_timed_runs_share_a_gpu():
+    slots = gpus.gpu_slots("all", 2, available=FAKE, current=0)  # two exercise runs per GPU
+    log = _Log()
+    busy = {s.name: [0, 0] for s in slots}  # (runs inside, timed runs inside)
+    worst = {s.name: [0, 0, 0] for s in slots}  # most runs at once, most timed at once, timed beside others
+    guard = threading.Lock()
+
+    def section(slot, timed):
+        with guard:
+            busy[slot.name][0] += 1
+            busy[slot.name][1] += timed
+            runs, timed_now = busy[slot.name]
+            w = worst[slot.name]
+            w[0], w[1] = max(w[0], runs), max(w[1], timed_now)
+            if timed_now and runs > 1:
+                w[2] += 1
+        time.sleep(0.01)
+        with guard:
+            busy[slot.name][0] -= 1
+            busy[slot.name][1] -= timed
+
+    def grade(task, slot):
+        assert dict(slot.env) == {"CUDA_VISIBLE_DEVICES": str(slot.device["index"])}
+        for _ in range(3):  # correctness items share the GPU, the speed item has it alone (as supervise does)
+            with slot.lock.shared():
+                section(slot, timed=False)
+        with slot.lock.exclusive():
+            section(slot, timed=True)
+        return _ok(task, slot)
+
+    Scheduler(slots, grade, log.commit).run(_tasks(32))
+    assert len(log.committed) == 32
+    assert {r.device["index"] for _, r in log.committed} == {0, 1, 2, 3}
+    assert all(w[1] == 1 and w[2] == 0 for w in worst.values()), worst  # a timed run is alone on its GPU
+    assert max(w[0] for w in worst.values()) == 2  # correctness did share
+
+
+def test_a_gpu_that_fails_is_taken_out_and_its_work_runs_elsewhere():
+    slots = gpus.gpu_slots("all", 1, available=FAKE[:3], current=0)
+    log, failures, ran_on = _Log(), [], []
+    dead = {"cuda:1"}
+
+    def grade(task, slot):
+        ran_on.append((task.student, slot.name))
+        if slot.name in dead:
+            return _ok(task, slot, problems=["crashed with SIGSEGV while running the forward example case"])
+        time.sleep(0.01)
+        return _ok(task, slot)
+
+    def probe(slot):
+        return "CUDA is not available (torch.cuda.is_available() is False)" if slot.name in dead else None
+
+    sched = Scheduler(slots, grade, log.commit, probe=probe, on_failure=failures.append)
+    outcome = sched.run(_tasks(9))
+    assert len(log.committed) == 9 and not outcome.left
+    assert [f.slot for f in failures] == ["cuda:1"] and slots[1].failed
+    assert sum(1 for _, s in ran_on if s == "cuda:1") == 1  # no work goes to it afterwards
+    moved = [r for _, r in log.committed if r.device.get("replaces")]
+    assert len(moved) == 1 and moved[0].device["index"] != 1
+    assert "cuda:1 (Fake H100, GPU-fake-1): CUDA is not available" in moved[0].device["replaces"][0]
+    assert all(not r.problems for _, r in log.committed)
+
+
+def test_a_failing_student_kernel_does_not_take_the_gpu_out():
+    slots = gpus.gpu_slots("0", 1, available=FAKE, current=0)
+    log, probed = _Log(), []
+
+    def grade(task, slot):
+        return _ok(task, slot, problems=["CUDA error: an illegal memory access was encountered"])
+
+    outcome = Scheduler(slots, grade, log.commit, probe=lambda s: probed.append(s.name)).run(_tasks(2))
+    assert probed == ["cuda:0", "cuda:0"] and not outcome.failures and slots[0].failed is None
+    assert [r.problems for _, r in log.committed] == [["CUDA error: an illegal memory access was encountered"]] * 2
+
+
+def test_when_every_gpu_fails_the_rest_is_left_ungraded():
+    slots = gpus.gpu_slots("0,1", 1, available=FAKE, current=0)
+    log = _Log()
+    outcome = Scheduler(slots, lambda t, s: _ok(t, s, problems=["lost"]), log.commit,
+                        probe=lambda s: "health check failed: no device").run(_tasks(5))
+    assert log.committed == [] and len(outcome.left) == 5 and len(outcome.failures) == 2
+
+
+def test_a_task_whose_gpus_keep_failing_needs_a_regrade():
+    slots = gpus.gpu_slots("all", 1, available=FAKE, current=0)
+    log = _Log()
+    outcome = Scheduler(slots, lambda t, s: _ok(t, s, problems=["lost"]), log.commit,
+                        probe=lambda s: "health check failed", max_failovers=2).run(_tasks(1))
+    ((_, result),) = log.committed
+    assert result.status == "needs regrade" and len(result.device["replaces"]) == 3
+    assert "the GPU failed under this exercise 3 time(s)" in result.grader_errors[0].error
+    assert len(outcome.failures) == 3 and slots[3].failed is None
+
+
+def test_nothing_is_committed_once_the_batch_stops():
+    log = _Log()
+    started = threading.Event()
+
+    def grade(task, slot):
+        started.set()
+        time.sleep(0.3)
+        return _ok(task, slot)
+
+    sched = Scheduler([Slot("cpu-0", {"kind": "cpu"})], grade, log.commit)
+    runner = threading.Thread(target=sched.run, args=(_tasks(3),))
+    runner.start()
+    started.wait(5)
+    sched.stop()
+    runner.join(5)
+    assert log.committed == []
+
+
+def test_estimates_from_the_spec_and_from_history():
+    fa = exercises.get("flash_attention")
+    cpu = dict(device="cpu", random_cases=5, speed_budget_s=10.0)
+    cuda = dict(device="cuda", random_cases=5, speed_budget_s=10.0)
+    assert scheduler.static_estimate(fa, **cuda) > scheduler.static_estimate(GELU, **cuda)
+    assert scheduler.static_estimate(GELU, **cuda) > scheduler.static_estimate(GELU, **cpu)  # timing on top
+    previous = ExerciseResult("gelu", "GeLU", GRADED, elapsed_s=42.0)
+    assert scheduler.estimate(GELU, previous, {"gelu": [5.0]}, 1.0) == 42.0
+    assert scheduler.estimate(GELU, None, {"gelu": [5.0, 7.0, 30.0]}, 1.0) == 7.0
+    assert scheduler.estimate(GELU, None, {}, 1.0) == 1.0
+
+
+# ------------------------------------------------------------------------------------------ with workers
+
+PRINT_PIN = '''
+import os
+print("PIN", os.environ.get("CUDA_VISIBLE_DEVICES"), flush=True)
+from solutions_gelu import gelu  # noqa: F401  (not importable: the worker sees only the grader package)
+'''
+
+
+class _SpyLock(SharedExclusiveLock):
+    """Records how the lock was held while each request was with the worker."""
+
+    def __init__(self):
+        super().__init__()
+        self.modes: list[str] = []
+
+    def shared(self):
+        self.modes.append("shared")
+        return super().shared()
+
+    def exclusive(self):
+        self.modes.append("exclusive")
+        return super().exclusive()
+
+
+@pytest.mark.slow
+def test_the_slot_pins_the_worker_and_the_result_names_its_gpu(tmp_path):
+    from grader.grading import config, runner
+
+    (tmp_path / "sub" / "gelu").mkdir(parents=True)
+    (tmp_path / "sub" / "gelu" / "gelu.py").write_text(PRINT_PIN)
+    settings = config.resolve(config.GradeOptions(random_cases=0, timeout_s=60), config.load_course(),
+                              device="cpu", secret="s", workdir=tmp_path)
+    slot = gpus.gpu_slots("2", 1, available=FAKE, current=0)[0]
+    result = runner.grade_exercise(GELU, tmp_path / "sub", settings=settings, scratch=tmp_path / "scratch", slot=slot)
+    assert "PIN 2" in result.log
+    assert result.device == {"kind": "cuda", "name": "Fake H100", "index": 2, "uuid": "GPU-fake-2"}
+
+
+@pytest.mark.slow
+def test_supervise_holds_the_gpu_alone_for_the_speed_item(tmp_path):
+    """Items planned as on a GPU (the speed item included), run by a CPU worker: loading and correctness
+    hold the GPU shared, the speed measurement exclusive."""
+    from grader.grading import config, plan, supervise
+
+    settings = config.resolve(config.GradeOptions(random_cases=0, timeout_s=120), config.load_course(),
+                              device="cpu", secret="s", workdir=tmp_path)
+    planned = plan.plan(GELU, device="cuda", secret="s", random_cases=0, speed_budget_s=0.1)
+    (speed,) = [it for it in planned if it.role == "speed"]
+    # a speed request the worker answers at once (no such part), instead of timing in the interpreter for long
+    quick = dataclasses.replace(speed, part=dataclasses.replace(speed.part, name="no-such-part"), recheck=None)
+    items = [*[it for it in planned if it.role == "example"][:2], quick]
+    lock = _SpyLock()
+    (tmp_path / "scratch").mkdir()
+    supervise.run(GELU, Path(__file__).resolve().parents[1] / "solutions", items, settings,
+                  scratch=tmp_path / "scratch", gpu_lock=lock)
+    assert lock.modes == ["shared"] * len(items) + ["exclusive"]
+
+
+@pytest.mark.slow
+def test_a_batch_on_fake_gpus_moves_the_work_of_a_failed_gpu_and_says_so(tmp_path, monkeypatch):
+    """The whole batch (grade() → scheduler → workers → reports) with two fake GPUs on the CPU: the first
+    health check after a crash fails, so that GPU leaves the pool and the crashed task runs on the other."""
+    from grader.grading import batch as batch_mod
+    from grader.grading import config, store
+    from grader.grading import grade as grade_cmd
+
+    repo = Path(__file__).resolve().parents[1]
+    shutil.copytree(repo / "solutions", tmp_path / "alice")
+    (tmp_path / "sam" / "gelu").mkdir(parents=True)
+    (tmp_path / "sam" / "gelu" / "gelu.py").write_text("import ctypes\nctypes.string_at(0)\n")  # crashes at import
+    monkeypatch.setattr(batch_mod, "local_slots", lambda ctx, options: gpus.gpu_slots("all", 1, available=FAKE[:2],
+                                                                                        current=0))
+    probes = []
+
+    def probe(slot):
+        probes.append(slot.name)
+        return "health check failed: CUDA is not available" if len(probes) == 1 else None
+
+    monkeypatch.setattr(gpus, "probe_slot", probe)
+    out = tmp_path / "out"
+    batch = grade_cmd.grade([str(tmp_path / n) for n in ("alice", "sam")], out=out,
+                            options=config.GradeOptions(exercises=("gelu",), random_cases=0, secret="s"))
+    assert batch.left == 0 and len(probes) == 2 and probes[0] != probes[1]
+    (failure,) = store.gpu_failures(out)
+    assert failure["slot"] == probes[0] and failure["task"] == "sam gelu"
+    results = {s: store.load_exercises(out, s)["gelu"] for s in ("alice", "sam")}
+    assert all(r.device["kind"] == "cuda" and r.device["name"] == "Fake H100" for r in results.values())
+    sam = results["sam"]
+    assert f"cuda:{sam.device['index']}" == probes[1] and "crashed with SIGSEGV" in sam.problems[0]
+    assert sam.device["replaces"] == [f"{probes[0]} (Fake H100, GPU-fake-{probes[0][-1]}): {failure['reason']}"]
+    report = (out / "students" / "sam" / "report.md").read_text()
+    assert f"on GPU {sam.device['index']} (Fake H100, GPU-fake-{sam.device['index']}), graded again there" in report
+    assert "GPUs taken out of the pool" in (out / store.CLASS_REPORT_HTML).read_text()
