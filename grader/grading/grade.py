@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from grader.checks.spec import Exercise
-from grader.grading import config, reports, runner, scoring, store, submission
+from grader.grading import config, isolation, reports, runner, scoring, store, submission
 from grader.grading.results import ERROR, NEEDS_REGRADE, ExerciseResult
 
 DEFAULT_OUT = "grading-out"
@@ -59,6 +59,9 @@ def add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keep-work", action="store_true", help="keep the scratch directory (for debugging)")
     parser.add_argument("--profile", action="store_true",
                         help="print where the time went, per exercise (it is always in the reports' details.json)")
+    parser.add_argument("--unsandboxed", action="store_true",
+                        help="run student code without the bubblewrap sandbox (it then reaches whatever the grader's "
+                        "user can); said in run.json and in every report")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -76,6 +79,7 @@ def options_from_args(args: argparse.Namespace) -> config.GradeOptions:
         exercises=names, jobs=args.jobs, timeout_s=args.timeout, call_timeout_s=args.call_timeout,
         random_cases=args.random, memory_mb=args.memory_mb, secret=args.secret,
         course=Path(args.course) if args.course else None, keep_work=args.keep_work, profile=args.profile,
+        unsandboxed=args.unsandboxed,
     )
 
 
@@ -137,6 +141,7 @@ class _Context:
     device_info: dict
     student_reports: dict[str, reports.StudentReport] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    sandbox_note: str = ""  # how every report says where student code ran
 
     @property
     def names(self) -> list[str]:
@@ -178,7 +183,25 @@ def _device_info(mode) -> dict:
             "uuid": str(getattr(props, "uuid", ""))}
 
 
-def _context(out: Path, options: config.GradeOptions, *, secret: str, workdir: Path) -> _Context:
+def _sandbox(options: config.GradeOptions, out: Path, workdir: Path) -> tuple[isolation.Sandbox | None, str]:
+    """The sandbox the workers run in and how the reports say so. Where none can be built, grading is refused
+    (UsageError) unless the instructor opted out with --unsandboxed."""
+    from grader.checks import runtime
+
+    if options.unsandboxed:
+        note = "WITHOUT a sandbox (the instructor passed --unsandboxed)"
+        print(f"grader grade: warning: grading {note}: student code reaches whatever this user can", file=sys.stderr)
+        return None, note
+    protected = [p for p in (out, workdir, isolation.repository_root()) if p is not None]
+    found = isolation.check(runtime.configure().device, protected=protected)
+    if found.sandbox is None:
+        raise UsageError(f"no sandbox for student code can be built here: {found.problem}. Fix that, or pass "
+                         "--unsandboxed to grade without one (said in run.json and in every report)")
+    return found.sandbox, f"in {found.sandbox.description}"
+
+
+def _context(out: Path, options: config.GradeOptions, *, secret: str, workdir: Path,
+             sandbox: tuple[isolation.Sandbox | None, str] = (None, "")) -> _Context:
     from grader import exercises as registry
     from grader.checks import runtime
 
@@ -187,11 +210,11 @@ def _context(out: Path, options: config.GradeOptions, *, secret: str, workdir: P
     course = config.load_course(options.course, known=tuple(e.name for e in all_ex))
     selected = _select(all_ex, options.exercises)
     settings = config.resolve(options, course, device=mode.device, secret=secret, workdir=workdir,
-                              gpu_name=mode.gpu_name)
+                              gpu_name=mode.gpu_name, sandbox=sandbox[0])
     jobs = options.jobs or course.setting("jobs", mode.device)
     if mode.is_cuda and jobs > 1:
         print(f"grader grade: warning: --jobs {jobs} on one GPU makes the workers' timings interfere", file=sys.stderr)
-    return _Context(out, mode, course, all_ex, selected, settings, jobs, _device_info(mode))
+    return _Context(out, mode, course, all_ex, selected, settings, jobs, _device_info(mode), sandbox_note=sandbox[1])
 
 
 def grade(paths: list[str], *, out: Path, options: config.GradeOptions, title: str = "Grades",
@@ -204,8 +227,9 @@ def grade(paths: list[str], *, out: Path, options: config.GradeOptions, title: s
     workdir = Path(tempfile.mkdtemp(prefix="grader-"))
     os.chmod(workdir, 0o700)
     try:
+        sandbox = _sandbox(options, out, workdir)
         secret, secret_source = _secret(options, out)
-        ctx = _context(out, options, secret=secret, workdir=workdir)
+        ctx = _context(out, options, secret=secret, workdir=workdir, sandbox=sandbox)
         sources = submission.expand([Path(p) for p in paths], ctx.selected)
         if not sources:
             raise UsageError("no submissions to grade")
@@ -224,10 +248,12 @@ def grade(paths: list[str], *, out: Path, options: config.GradeOptions, title: s
             "course": ctx.course.source, "course_fingerprint": ctx.course.fingerprint(),
             "correctness": ctx.course.correctness, "submissions": {s.student: str(s.source) for s in subs},
             "secret": secret_source, "secret_salt": salt, "secret_fingerprint": secret_fingerprint(secret, salt),
+            "sandbox": ctx.sandbox_note, "unsandboxed": options.unsandboxed,
         })
         for sub in subs:
             ctx.student_reports[sub.student] = reports.StudentReport(
-                sub.student, str(sub.source), sub.kind, list(sub.problems), ctx.mode.description)
+                sub.student, str(sub.source), sub.kind, list(sub.problems), ctx.mode.description,
+                sandbox=ctx.sandbox_note)
             store.save_submission(out, sub.student, {"source": str(sub.source.resolve()), "kind": sub.kind,
                                                      "problems": sub.problems, "solutions_id": solutions_id})
         tasks = [(sub, ex, None) for sub in subs for ex in ctx.selected]
@@ -258,7 +284,7 @@ def regrade_errors(out: Path, *, options: config.GradeOptions) -> Batch:
     workdir = Path(tempfile.mkdtemp(prefix="grader-"))
     os.chmod(workdir, 0o700)
     try:
-        ctx = _context(out, options, secret=secret, workdir=workdir)
+        ctx = _context(out, options, secret=secret, workdir=workdir, sandbox=_sandbox(options, out, workdir))
         if ctx.course.fingerprint() != recorded.get("course_fingerprint"):
             raise UsageError(f"{out}: the course file {ctx.course.source} changed since the run was graded; "
                              "regrade the whole batch instead")
@@ -268,7 +294,7 @@ def regrade_errors(out: Path, *, options: config.GradeOptions) -> Batch:
             previous = store.load_exercises(out, student)
             meta = store.load_submission(out, student)
             report = reports.StudentReport(student, meta["source"], meta["kind"], list(meta["problems"]),
-                                           ctx.mode.description)
+                                           ctx.mode.description, sandbox=ctx.sandbox_note)
             exercises_by_name = {e.name: e for e in ctx.selected}
             for name, result in previous.items():
                 if name in exercises_by_name:
