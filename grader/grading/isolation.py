@@ -197,7 +197,7 @@ def _version(bwrap: str) -> tuple[int, ...] | None:
         text = subprocess.run([bwrap, "--version"], capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.SubprocessError):
         return None
-    match = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", text)
+    match = re.search(r"bubblewrap (\d+)\.(\d+)(?:\.(\d+))?", text)
     return tuple(int(g) for g in match.groups() if g is not None) if match else None
 
 
