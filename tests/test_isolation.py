@@ -582,3 +582,9 @@ def test_a_protected_folder_under_a_bound_one_is_hidden():
         assert order.index(parent.dest) < order.index(mask.dest)
     whole = isolation.system_binds("cpu", protected=[os.path.realpath(sys.prefix)])
     assert any(b.kind == "tmpfs" and os.path.realpath(b.dest) == os.path.realpath(sys.prefix) for b in whole)
+
+
+def test_the_sandbox_can_be_built_here():
+    """One line in CI's log that says whether student code is sandboxed here (it fails there when it is not)."""
+    box = require_sandbox()
+    assert box.version >= (0, 5) and os.path.basename(box.bwrap) == "bwrap"
