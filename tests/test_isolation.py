@@ -495,15 +495,19 @@ def test_a_sandboxed_process_tree_ends_with_the_run(tmp_path):
             "time.sleep(300)\n")
     argv = box.command([sys.executable, "-c", code], binds=[isolation.Bind(str(tmp_path / "scratch"), "/tmp", "rw")],
                        env={"PATH": "/usr/bin:/bin"}, cwd="/tmp")
+    open_fds = len(os.listdir("/proc/self/fd"))
     process = sandbox.Process(argv, cwd=str(tmp_path), env={}, rss_limit_bytes=None, output_cap=4096,
                               pid_namespace=True)
     end = time.monotonic() + 30
     while len(live_processes_with("pipe_holder-fixture")) < 2 and time.monotonic() < end:
         time.sleep(0.1)
     assert len(live_processes_with("pipe_holder-fixture")) == 2
+    assert process.namespace() is not None
     outcome = process.stop(timed_out=True)
     assert outcome.timed_out and outcome.leftover_killed == 2
     assert live_processes_with("pipe_holder-fixture") == []
+    # the namespace it held open is let go, and never named again (its number may be another run's next)
+    assert process.namespace() is None and len(os.listdir("/proc/self/fd")) == open_fds
 
 
 def test_grading_is_refused_without_a_sandbox_unless_the_instructor_opts_out(tmp_path, monkeypatch):

@@ -123,6 +123,8 @@ class Process:
         self.pid_namespace = pid_namespace
         self.token = None if pid_namespace else secrets.token_hex(16)
         self._namespace: str | None = None
+        self._namespace_fd: int | None = None
+        self._namespace_lock = threading.Lock()
         self.start = time.monotonic()
         self.proc = subprocess.Popen(
             list(argv), stdin=subprocess.PIPE if stdin_data is not None else subprocess.DEVNULL,
@@ -159,15 +161,23 @@ class Process:
                 return
 
     def namespace(self) -> str | None:
-        """The sandbox's PID namespace (``pid:[inode]``), once bwrap has made it."""
-        if self.pid_namespace and self._namespace is None:
-            own = _pid_namespace(os.getpid())
-            for child in _children(self.proc.pid):
-                found = _pid_namespace(child)
-                if found is not None and found != own:
-                    self._namespace = found
-                    break
-        return self._namespace
+        """The sandbox's PID namespace (``pid:[inode]``), once bwrap has made it. It is held open until
+        stop() returns: a namespace's number is reused once it is freed, and must never name another run's (nor
+        may bwrap's pid, once reaped)."""
+        with self._namespace_lock:  # the memory watch asks too
+            if self.pid_namespace and self._namespace is None and self.proc.returncode is None:
+                own = _pid_namespace(os.getpid())
+                for child in _children(self.proc.pid):
+                    try:
+                        fd = os.open(f"/proc/{child}/ns/pid", os.O_RDONLY)
+                    except OSError:
+                        continue
+                    found = _pid_namespace_of_fd(fd)
+                    if found is not None and found != own:
+                        self._namespace, self._namespace_fd = found, fd
+                        break
+                    os.close(fd)
+            return self._namespace
 
     def _processes(self) -> list[int]:
         """Every process of this run, the one started first included."""
@@ -227,6 +237,13 @@ class Process:
         self.kill()
         exited = self.wait(WAIT_S)
         elapsed = time.monotonic() - self.start
+        namespace, gone_by = self.namespace(), time.monotonic() + WAIT_S
+        while namespace and namespace_members(namespace) and time.monotonic() < gone_by:
+            time.sleep(POLL_S / 5)  # SIGKILLed processes take a moment to go: none is left when this returns
+        with self._namespace_lock:
+            if self._namespace_fd is not None:
+                os.close(self._namespace_fd)
+                self._namespace, self._namespace_fd = None, None
         with _ACTIVE_LOCK:
             _ACTIVE.pop(self.proc.pid, None)
         drained = time.monotonic() + DRAIN_S
@@ -301,6 +318,13 @@ def _children(pid: int) -> list[int]:
 def _pid_namespace(pid: int) -> str | None:
     try:
         return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return None
+
+
+def _pid_namespace_of_fd(fd: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
     except OSError:
         return None
 

@@ -11,7 +11,8 @@ A worker that crashes, overruns a limit or sends something that is not a message
 process it started), the item it was running fails with the reason, and a new worker goes on with the items not
 reached: once, and again (at most ``max_restarts`` times) only while the restarts make progress. A crash
 while importing the module, a malformed message and the exercise's time limit end the run. A worker that
-ends before it says hello ran no student code: that is the grader's fault (:class:`WorkerStartError`).
+ends, or does not start within a call's limit, before it says hello ran no student code: that is the grader's
+fault (:class:`WorkerStartError`), never the student's.
 """
 
 from __future__ import annotations
@@ -288,10 +289,13 @@ def run(exercise: Exercise, root: Path, items: list[Item], settings: RunSettings
         progress = 0
         limit = f"timed out after {settings.timeout_s:g} s (stopped, with every process it started)"
         try:
+            hello_by = min(deadline, time.monotonic() + settings.call_timeout_s + GRACE_S)
             try:
-                worker.receive(min(deadline, time.monotonic() + settings.call_timeout_s + GRACE_S), limit)  # Hello
+                worker.receive(hello_by, limit)  # Hello
             except _Ended as ended:
                 outcome = ended.outcome or worker.stop()
+                if outcome.timed_out and hello_by >= deadline:  # the exercise's time, used by the student's code
+                    raise
                 raise WorkerStartError(f"the worker did not start ({ended.why}):\n{outcome.stderr.text()[-2000:]}"
                                        ) from None
             result.add_time("worker start", time.monotonic() - started)
