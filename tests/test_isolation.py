@@ -510,6 +510,22 @@ def test_a_sandboxed_process_tree_ends_with_the_run(tmp_path):
     assert process.namespace() is None and len(os.listdir("/proc/self/fd")) == open_fds
 
 
+def test_the_memory_limit_counts_every_process_in_the_sandbox(tmp_path):
+    """On CUDA the resident memory of the sandbox's processes is the only memory limit: a child's counts too."""
+    box = require_sandbox()
+    (tmp_path / "scratch").mkdir()
+    code = ("import subprocess, sys, time\n"
+            "subprocess.Popen([sys.executable, '-c', 'import time; x = bytearray(400 << 20); time.sleep(60)'])\n"
+            "time.sleep(60)\n")
+    argv = box.command([sys.executable, "-c", code], binds=[isolation.Bind(str(tmp_path / "scratch"), "/tmp", "rw")],
+                       env={"PATH": "/usr/bin:/bin"}, cwd="/tmp")
+    process = sandbox.Process(argv, cwd=str(tmp_path), env={}, rss_limit_bytes=200 << 20, output_cap=4096,
+                              pid_namespace=True)
+    exited = process.wait(30)
+    outcome = process.stop()
+    assert exited and outcome.memory_exceeded and outcome.returncode is None
+
+
 def test_grading_is_refused_without_a_sandbox_unless_the_instructor_opts_out(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap to be found
     sub = _submission(tmp_path / "alice", NOT_WRITTEN)
