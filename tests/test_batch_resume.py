@@ -24,14 +24,17 @@ from grader import cli
 from grader.grading import config, markers, reports, resume, store
 from grader.grading import grade as grade_cmd
 
+from . import sandboxing
+
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "tests" / "submissions"
-ARGS = ["--exercises", "gelu", "--random", "0", "--secret", "resume-secret"]
+ARGS = ["--exercises", "gelu", "--random", "0", "--secret", "resume-secret", *sandboxing.sandbox_args()]
 
 # Correct, but slow to import, and leaves a detached child behind: the kill lands while it runs.
-SLOW_AND_DETACHING = '''
+DETACHED_MARKER = "time.sleep(600.25)"
+SLOW_AND_DETACHING = f'''
 import subprocess, sys, time
-subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+subprocess.Popen([sys.executable, "-c", "import time; {DETACHED_MARKER}"], start_new_session=True)
 time.sleep(3)
 '''
 
@@ -88,16 +91,10 @@ def _zombie(pid: int) -> bool:
         return True
 
 
-def _detached(scratch: Path) -> list[int]:
-    """The child bob's code started in a session of its own."""
-    found = []
-    for pid in _processes_under(scratch):
-        try:
-            if b"time.sleep(600)" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                found.append(pid)
-        except OSError:
-            continue
-    return found
+def _detached() -> list[int]:
+    """The child bob's code started in a session of its own. Found by its command line: in the sandbox its
+    environment is the sandbox's, which does not mention ``scratch``."""
+    return sandboxing.live_processes_with(DETACHED_MARKER)
 
 
 def _no_leftovers(scratch: Path, out: Path) -> None:
@@ -118,8 +115,8 @@ def test_sigkill_mid_batch_then_the_same_command_grades_only_the_rest(tmp_path, 
     first = _grader(subs, out, scratch, "--jobs", "1")
     _wait_for(lambda: _state(out, "alice").exists(), what="alice's result")
     _wait_for(lambda: store.marker_path(out, "bob", "gelu").exists(), what="bob's task to start")
-    _wait_for(lambda: _detached(scratch), what="bob's detached child")
-    (child,) = _detached(scratch)
+    _wait_for(lambda: _detached(), what="bob's detached child")
+    (child,) = _detached()
     first.send_signal(signal.SIGKILL)
     first.wait(10)
     first.stdout.close()

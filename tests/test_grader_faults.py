@@ -16,10 +16,12 @@ from grader.checks import verdicts
 from grader.grading import grade as grade_cmd
 from grader.grading import runner, store
 
+from .sandboxing import sandbox_args
+
 pytestmark = pytest.mark.slow  # a few sandboxed workers
 
 REPO = Path(__file__).resolve().parents[1]
-ARGS = ["--exercises", "gelu,softmax", "--random", "1", "--secret", "fault-test", "--jobs", "2"]
+ARGS = ["--exercises", "gelu,softmax", "--random", "1", "--secret", "fault-test", "--jobs", "2", *sandbox_args()]
 
 
 def _csv(out: Path) -> dict[str, dict[str, str]]:
@@ -71,7 +73,7 @@ def test_a_judge_that_raises_makes_the_part_need_a_regrade_and_the_regrade_score
         return real(exercise, root, **kwargs)
 
     monkeypatch.setattr(runner, "grade_exercise", spy)
-    assert cli.main(["grade", "--regrade-errors", str(out), "--secret", "fault-test"]) == 0
+    assert cli.main(["grade", "--regrade-errors", str(out), "--secret", "fault-test", *sandbox_args()]) == 0
     assert calls == [("softmax", ("forward",))]  # exactly the part that needed it
     row = _csv(out)["alice"]
     assert row["softmax_status"] == "graded" and row["needs_regrade"] == "" and float(row["pending_regrade"]) == 0
@@ -82,10 +84,10 @@ def test_a_judge_that_raises_makes_the_part_need_a_regrade_and_the_regrade_score
 def test_regrade_needs_the_same_secret(tmp_path, capsys):
     out = tmp_path / "out"
     assert cli.main(["grade", str(REPO / "solutions"), "--out", str(out), "--exercises", "gelu", "--random", "0",
-                     "--secret", "right"]) == 0
-    assert cli.main(["grade", "--regrade-errors", str(out), "--secret", "wrong"]) == 2
+                     "--secret", "right", *sandbox_args()]) == 0
+    assert cli.main(["grade", "--regrade-errors", str(out), "--secret", "wrong", *sandbox_args()]) == 2
     assert "not the secret this run was graded with" in capsys.readouterr().err
-    assert cli.main(["grade", "--regrade-errors", str(out), "--secret", "right"]) == 0
+    assert cli.main(["grade", "--regrade-errors", str(out), "--secret", "right", *sandbox_args()]) == 0
 
 
 STRIDED_GELU = '''
@@ -122,7 +124,7 @@ def test_outputs_with_stride_two_are_judged_not_crashed_on(tmp_path):
     (tmp_path / "bob" / "gelu").mkdir(parents=True)
     (tmp_path / "bob" / "gelu" / "gelu.py").write_text(STRIDED_GELU)
     options = grade_cmd.options_from_args(cli._parser().parse_args(
-        ["grade", str(tmp_path / "bob"), "--exercises", "gelu", "--random", "3", "--secret", "s"]))
+        ["grade", str(tmp_path / "bob"), "--exercises", "gelu", "--random", "3", "--secret", "s", *sandbox_args()]))
     batch = grade_cmd.grade([str(tmp_path / "bob")], out=tmp_path / "out", options=options)
     ((score, result),) = batch.reports[0].exercises
     assert result.all_grader_errors() == [] and result.status == "graded"

@@ -1,10 +1,12 @@
-"""The sandbox around a worker: time-outs kill the whole process group, leftover and escaped children are
-killed, output is capped, memory is limited, and the result channel survives (or reports) garbage."""
+"""The process handle around a worker, without the bubblewrap sandbox (tests/test_isolation.py has it): time-outs
+kill the whole process group, leftover and escaped children are killed, stopping never waits on a pipe a child
+keeps, output is capped, memory is limited, and the result channel survives (or reports) garbage."""
 
 from __future__ import annotations
 
 import io
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -13,6 +15,8 @@ import pytest
 import torch
 
 from grader.grading import channel, sandbox
+
+from .sandboxing import live_processes_with
 
 
 def _run(code: str, tmp_path: Path, **kwargs) -> sandbox.Outcome:
@@ -69,6 +73,27 @@ def test_children_left_running_after_a_normal_exit_are_killed(tmp_path):
     assert out.leftover_killed == 2
     assert _wait_dead(in_group), "a child in the worker's process group survived"
     assert _wait_dead(escaped), "a child that called setsid survived (the environment token should find it)"
+
+
+def test_stop_never_waits_for_a_pipe_that_an_escaped_child_keeps(tmp_path):
+    """A child that leaves the session and drops its environment (only a sandbox can find it) and keeps the
+    output pipes open: the run still ends within the bounded drain time, with what was printed."""
+    code = (
+        "import subprocess, sys\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)', 'pipe-keeper' + '-fixture'],"
+        " start_new_session=True, env={})\n"
+        "print('parent done', flush=True)\n"
+    )
+    start = time.monotonic()
+    try:
+        out = _run(code, tmp_path)
+        elapsed = time.monotonic() - start
+        assert out.returncode == 0 and "parent done" in out.stdout.text()
+        assert elapsed < sandbox.WAIT_S + sandbox.DRAIN_S, f"stop() took {elapsed:.1f} s"
+        assert live_processes_with("pipe-keeper-fixture"), "unsandboxed, such a child escapes (the sandbox's job)"
+    finally:
+        for pid in live_processes_with("pipe-keeper-fixture"):
+            os.kill(pid, signal.SIGKILL)
 
 
 def test_output_is_capped_and_counted(tmp_path):

@@ -13,6 +13,7 @@ import nbformat
 import pytest
 
 from grader import exercises
+from grader.checks import loader
 from grader.grading import config, plan, reports, runner, scoring, submission
 from grader.grading.results import CheckResult, ExerciseResult, PartResult, SpeedResult
 from grader.speed import roofline
@@ -115,6 +116,64 @@ def test_malformed_notebooks_are_explained(tmp_path, text, message):
     sub = submission.prepare(path, tmp_path / "work", ALL)
     assert not sub.usable
     assert any(p.startswith("notebook bad.ipynb") and message in p for p in sub.problems), sub.problems
+
+
+def test_a_syntax_error_in_a_notebook_names_the_cell_and_its_own_line(tmp_path):
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("intro"),
+        nbformat.v4.new_code_cell("# %% exercise: gelu\nimport torch\n\ndef helper(x):\n    return x\n"),
+        nbformat.v4.new_code_cell("print('not graded')"),
+        nbformat.v4.new_code_cell("# %% exercise: gelu\ndef gelu(x):\n    return helper(x\n"),
+    ])
+    path = tmp_path / "nb.ipynb"
+    nbformat.write(nb, str(path))
+    sub = submission.prepare(path, tmp_path / "work", ALL)
+    with pytest.raises(loader.LoadError) as raised:
+        loader.load(sub.root, GELU, ("gelu",))
+    message = str(raised.value)
+    assert raised.value.kind == "syntax"
+    assert message.startswith("notebook cell 4 has a syntax error at line 3 of that cell:"), message
+    assert "gelu.py" not in message  # a file the student never wrote
+
+
+def test_a_syntax_error_in_a_file_names_its_line(tmp_path):
+    _tree(tmp_path / "t", "import torch\n\ndef gelu(x):\n    return (x\n")
+    with pytest.raises(loader.LoadError, match=r"^gelu.py has a syntax error at line 4: '\(' was never closed"):
+        loader.load(tmp_path / "t", GELU, ("gelu",))
+
+
+def test_a_declared_source_encoding_is_honoured(tmp_path):
+    root = tmp_path / "latin"
+    (root / "gelu").mkdir(parents=True)
+    (root / "gelu" / "gelu.py").write_bytes(b"# -*- coding: latin-1 -*-\nNAME = 'caf\xe9'\n\ndef gelu(x):\n"
+                                            b"    return x\n")
+    module = loader.load(root, GELU, ("gelu",))
+    assert module.NAME == "café"
+    bare = tmp_path / "bare"
+    (bare / "gelu").mkdir(parents=True)
+    (bare / "gelu" / "gelu.py").write_bytes(b"NAME = 'caf\xe9'\n\ndef gelu(x):\n    return x\n")
+    with pytest.raises(loader.LoadError, match=r"gelu.py cannot be read as text .*save it as UTF-8, or declare its "
+                                                r"encoding .*PEP 263"):
+        loader.load(bare, GELU, ("gelu",))
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("alice smith", "alice_smith"), ("..", "student"), (".", "student"), ("", "student"), ("...", "student"),
+    ("../../etc", "etc"), ("grades.csv", "grades.csv"), (".hidden", "hidden"), ("a" * 300, "a" * 64),
+    ("x" * 63 + "._y", "x" * 63),
+])
+def test_student_ids_are_plain_folder_names(name, expected):
+    assert submission.sanitize(name) == expected
+
+
+def test_a_submission_that_is_a_symbolic_link_is_refused_by_name(tmp_path):
+    real = _tree(tmp_path / "real")
+    (tmp_path / "linky").symlink_to(real, target_is_directory=True)
+    sub = submission.prepare(tmp_path / "linky", tmp_path / "work", ALL)
+    assert not sub.usable and sub.student == "linky"
+    assert sub.problems == [f"linky is a symbolic link (to {real}): links are not graded; hand in the files "
+                            "themselves"]
+    assert not any((tmp_path / "work").rglob("*.py"))  # nothing was copied from where it points
 
 
 def test_not_a_submission_is_a_usage_error(tmp_path):

@@ -1,7 +1,9 @@
 """Find and import an exercise module from an implementation tree laid out like ``assignments/``.
 
 Errors become :class:`LoadError` with a message a student can act on: the file is missing, it has
-a syntax error (with the line), importing it raised, or a required function is not defined.
+a syntax error (with the line; for a module made from a notebook, the cell and the line in that cell),
+importing it raised, or a required function is not defined. A module is read as Python reads it: UTF-8,
+unless its first or second line declares another encoding (PEP 263, ``# -*- coding: latin-1 -*-``).
 """
 
 from __future__ import annotations
@@ -9,12 +11,21 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import re
 import sys
 import traceback
 from pathlib import Path
 from types import ModuleType
 
 from grader.checks.spec import Exercise
+
+# Where each notebook cell starts in a module made from a notebook (grader.grading.submission writes them)
+_CELL_MARKER = re.compile(r"^# --- notebook cell (\d+) ---$")
+
+
+def cell_marker(cell: int) -> str:
+    """The line put before notebook cell ``cell`` (counted from 1) in a module made from a notebook."""
+    return f"# --- notebook cell {cell} ---"
 
 
 class LoadError(Exception):
@@ -39,15 +50,13 @@ def load(root: str | os.PathLike, exercise: Exercise, functions: tuple[str, ...]
     name = f"_grader_impl_{digest}.{exercise.name}.{exercise.module}"
     module = sys.modules.get(name)
     if module is None:
+        source = path.read_bytes()
         try:
-            source = path.read_text()
-            compile(source, str(path), "exec")
+            compile(source, str(path), "exec")  # bytes: a declared encoding is honoured, as importing does
         except SyntaxError as exc:
-            raise LoadError(
-                "syntax", f"{path.name} has a syntax error at line {exc.lineno}: {exc.msg}"
-            ) from None
-        except UnicodeDecodeError as exc:
-            raise LoadError("syntax", f"{path.name} is not valid UTF-8 text: {exc}") from None
+            raise LoadError("syntax", syntax_message(path.name, source, exc)) from None
+        except ValueError as exc:  # e.g. a null byte (a SyntaxError from Python 3.12 on)
+            raise LoadError("syntax", f"{path.name} cannot be compiled: {exc}") from None
         spec = importlib.util.spec_from_file_location(name, path)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
@@ -66,6 +75,21 @@ def load(root: str | os.PathLike, exercise: Exercise, functions: tuple[str, ...]
     if problems:
         raise LoadError("kernel", f"{path.name}: " + "; ".join(problems))
     return module
+
+
+def syntax_message(name: str, source: bytes, exc: SyntaxError) -> str:
+    """What is wrong, and where: the line of the file, or the cell of the notebook and the line in that cell."""
+    if exc.msg.startswith(("(unicode error)", "unknown encoding")):
+        return (f"{name} cannot be read as text ({exc.msg}): save it as UTF-8, or declare its encoding on its first "
+                "or second line as Python does (PEP 263), e.g. # -*- coding: latin-1 -*-")
+    lines = source.decode("utf-8", errors="replace").splitlines()
+    lineno = exc.lineno or 0
+    for index in range(min(lineno, len(lines)) - 1, -1, -1):
+        found = _CELL_MARKER.match(lines[index])
+        if found:
+            return (f"notebook cell {found.group(1)} has a syntax error at line {lineno - index - 1} of that cell: "
+                    f"{exc.msg}")
+    return f"{name} has a syntax error at line {lineno}: {exc.msg}"
 
 
 def non_constexpr_globals(module: ModuleType) -> list[str]:

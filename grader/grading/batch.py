@@ -28,6 +28,7 @@ from grader.checks.spec import Exercise
 from grader.grading import (
     config,
     gpus,
+    isolation,
     markers,
     reaper,
     rebuild,
@@ -83,6 +84,8 @@ class Context:
     description: str  # the device, for the reports
     batch: str  # the token every worker of this process carries (the reaper's)
     course_file: Path | None = None
+    sandbox_note: str = ""  # where student code runs, as every report says it
+    unsandboxed: bool = False  # the instructor opted out of the sandbox (a batch is never mixed)
 
     @property
     def names(self) -> list[str]:
@@ -96,7 +99,8 @@ class Context:
                 "memory_mb": s.memory_mb, "course": self.course.source,
                 "course_file": str(self.course_file) if self.course_file else None,
                 "course_fingerprint": self.course.fingerprint(), "course_decisions": self.course.decisions(),
-                "correctness": self.course.correctness}
+                "correctness": self.course.correctness, "sandbox": self.sandbox_note,
+                "unsandboxed": self.unsandboxed}
 
 
 class Workspace:
@@ -153,9 +157,32 @@ def resolve_secret(options: config.GradeOptions, out: Path) -> tuple[str, str, b
     return secrets.token_hex(16), store.SECRET_FILE, True
 
 
+def choose_sandbox(options: config.GradeOptions, out: Path, workdir: Path, *,
+                   local: bool = True) -> tuple[isolation.Sandbox | None, str]:
+    """The sandbox the workers run in and how the reports say so. Where none can be built, grading is refused
+    (UsageError) unless the instructor opted out with --unsandboxed. Not ``local`` (a Slurm batch submitted from
+    here): each task checks on the node it runs on."""
+    from grader.checks import runtime
+
+    if options.unsandboxed:
+        note = "WITHOUT a sandbox (the instructor passed --unsandboxed)"
+        print(f"grader grade: warning: grading {note}: student code reaches whatever this user can", file=sys.stderr)
+        return None, note
+    if not local:
+        return None, "in a bubblewrap sandbox on the nodes that ran it"
+    protected = [p for p in (out, workdir, isolation.repository_root()) if p is not None]
+    found = isolation.check(runtime.configure().device, protected=protected)
+    if found.sandbox is None:
+        raise UsageError(f"no sandbox for student code can be built here: {found.problem}. Fix that, or pass "
+                         "--unsandboxed to grade without one (said in run.json and in every report)")
+    return found.sandbox, f"in {found.sandbox.description}"
+
+
 def make_context(out: Path, options: config.GradeOptions, *, secret: str, work: Workspace,
-                 device: str | None = None) -> Context:
-    """``device``: where the tasks grade, when not here (a Slurm batch submitted from a login node)."""
+                 device: str | None = None,
+                 sandbox: tuple[isolation.Sandbox | None, str] = (None, "")) -> Context:
+    """``device``: where the tasks grade, when not here (a Slurm batch submitted from a login node);
+    ``sandbox``: from :func:`choose_sandbox`."""
     from grader import exercises as registry
     from grader.checks import runtime
 
@@ -165,10 +192,11 @@ def make_context(out: Path, options: config.GradeOptions, *, secret: str, work: 
     course = config.load_course(options.course, known=tuple(e.name for e in all_ex))
     selected = _select(all_ex, options.exercises)
     settings = config.resolve(options, course, device=device, secret=secret, workdir=work.dir,
-                              gpu_name=mode.gpu_name if device == mode.device else None)
+                              gpu_name=mode.gpu_name if device == mode.device else None, sandbox=sandbox[0])
     settings = replace(settings, env={**settings.env, reaper.BATCH_VAR: work.token})
     description = mode.description if device == mode.device else f"{device.upper()} through Slurm"
-    return Context(out, course, all_ex, selected, settings, device, description, work.token, options.course)
+    return Context(out, course, all_ex, selected, settings, device, description, work.token, options.course,
+                   sandbox_note=sandbox[1], unsandboxed=options.unsandboxed)
 
 
 def check_paths(paths: list[str]) -> None:
@@ -190,7 +218,8 @@ def recorded_options(recorded: dict, options: config.GradeOptions) -> config.Gra
     return options.replace(
         exercises=tuple(recorded["exercises"]), random_cases=recorded["random_cases"],
         timeout_s=recorded["timeout_s"], call_timeout_s=recorded["call_timeout_s"],
-        memory_mb=recorded["memory_mb"], course=Path(course) if course else None)
+        memory_mb=recorded["memory_mb"], course=Path(course) if course else None,
+        unsandboxed=bool(recorded.get("unsandboxed", False)))
 
 
 def reprepare(out: Path, student: str, dest: Path, selected: tuple[Exercise, ...]) -> submission.Submission:
@@ -346,7 +375,8 @@ def run_local(ctx: Context, tasks: list[Task], work: Workspace, options: config.
     progress = Progress(len(tasks), f"{description} ({', '.join(s.describe() for s in slots)})")
     recorder = Recorder(ctx.out, course=ctx.course, all_exercises=ctx.all_exercises, names=run["exercises"],
                         device=run.get("device", ctx.description), students=students, batch=ctx.batch,
-                        gradebook=gradebook, progress=progress, profile=options.profile)
+                        gradebook=gradebook, progress=progress, profile=options.profile,
+                        sandbox=run.get("sandbox", ctx.sandbox_note))
     scheduler = Scheduler(slots, lambda task, slot: _grade_task(ctx, work, recorder, task, slot), recorder.commit,
                           probe=gpus.probe_slot, on_failure=recorder.gpu_failure)
     try:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from grader.checks.spec import Exercise
+from grader.grading.isolation import Sandbox
 
 COURSE_FILE = Path(__file__).with_name("course.toml")
 CORRECTNESS_MODES = ("fraction", "all-or-nothing")
@@ -207,6 +208,7 @@ class GradeOptions:
     regrade_changed: bool = False  # grade again, from scratch, the submissions whose files changed
     slurm: Mapping[str, Any] | None = None  # submit to Slurm, with these [slurm] overrides; None: grade here
     wait: bool = False  # Slurm: wait for the batch to end
+    unsandboxed: bool = False  # grade without a sandbox where none can be built (said in run.json and every report)
 
     def replace(self, **changes: Any) -> GradeOptions:
         values = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -231,10 +233,11 @@ class RunSettings:
     result_cap_mb: int = 4096  # largest message from a worker
     max_restarts: int = 2
     env: Mapping[str, str] = field(default_factory=dict)  # extra environment for the worker (e.g. the GPU)
+    sandbox: Sandbox | None = None  # where workers run; None: unsandboxed, in a process group only
 
 
 def resolve(options: GradeOptions, course: Course, *, device: str, secret: str, workdir: Path,
-            gpu_name: str | None = None) -> RunSettings:
+            gpu_name: str | None = None, sandbox: Sandbox | None = None) -> RunSettings:
     def pick(value, key):
         return value if value is not None else course.setting(key, device)
 
@@ -249,4 +252,5 @@ def resolve(options: GradeOptions, course: Course, *, device: str, secret: str, 
         speed_budget_s=float(course.setting("speed_budget_s", device)),
         workdir=workdir,
         gpu_name=gpu_name,
+        sandbox=sandbox,
     )

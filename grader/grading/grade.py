@@ -68,6 +68,9 @@ def add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keep-work", action="store_true", help="keep the scratch directory (for debugging)")
     parser.add_argument("--profile", action="store_true",
                         help="print where the time went, per exercise (it is always in the reports' details.json)")
+    parser.add_argument("--unsandboxed", action="store_true",
+                        help="run student code without the bubblewrap sandbox (it then reaches whatever the grader's "
+                        "user can); said in run.json and in every report")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -94,6 +97,7 @@ def options_from_args(args: argparse.Namespace) -> config.GradeOptions:
         profile=args.profile, gpus=args.gpus, fresh=getattr(args, "fresh", False),
         regrade_changed=getattr(args, "regrade_changed", False), slurm=slurm.overrides(args),
         wait=getattr(args, "wait", False),
+        unsandboxed=args.unsandboxed,
     )
 
 
@@ -154,7 +158,9 @@ def grade(paths: list[str], *, out: Path, options: config.GradeOptions, title: s
             course = config.load_course(options.course)
             slurm_settings = config.slurm_settings(course, options.slurm)
         ctx = batch_mod.make_context(out, options, secret=secret, work=work,
-                       device=slurm_settings.device if slurm_settings else None)
+                                     device=slurm_settings.device if slurm_settings else None,
+                                     sandbox=batch_mod.choose_sandbox(options, out, work.dir,
+                                                                      local=slurm_settings is None))
         sources = submission.expand([Path(p) for p in paths], ctx.selected)
         if not sources:
             raise UsageError("no submissions to grade")
@@ -197,7 +203,8 @@ def regrade_errors(out: Path, *, options: config.GradeOptions) -> Batch:
     options = batch_mod.recorded_options(recorded, options)
     start = time.monotonic()
     with batch_mod.Workspace(options.keep_work) as work:
-        ctx = batch_mod.make_context(out, options, secret=secret, work=work)
+        ctx = batch_mod.make_context(out, options, secret=secret, work=work,
+                                     sandbox=batch_mod.choose_sandbox(options, out, work.dir))
         problems = resume.conflicts(recorded, ctx.identity(), secret)
         if problems:
             raise resume.refuse(out, problems, hint="regrade the whole batch instead (grader grade ... --fresh)")

@@ -55,7 +55,13 @@ def run_array_task(out: Path, tasks_file: Path, index: int) -> int:
     jobs = int(cpus) if cpus and cpus.isdigit() and recorded.get("device_kind") == "cpu" else None
     options = batch_mod.recorded_options(recorded, config.GradeOptions(jobs=jobs, gpus="all"))
     with batch_mod.Workspace(False) as work:
-        ctx = batch_mod.make_context(out, options, secret=secret, work=work)
+        try:
+            found = batch_mod.choose_sandbox(options, out, work.dir)
+        except batch_mod.UsageError as exc:
+            print(f"grader grade-task: {exc}", file=sys.stderr)
+            return 2
+        ctx = batch_mod.make_context(out, options, secret=secret, work=work, sandbox=(found[0], recorded.get(
+            "sandbox", found[1])))
         problems = resume.conflicts(recorded, ctx.identity(), secret)
         if problems:
             print(str(resume.refuse(out, problems, hint="")), file=sys.stderr)

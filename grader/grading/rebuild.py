@@ -14,10 +14,11 @@ from grader.grading.config import Course
 
 
 def student_report(out: Path, student: str, *, course: Course, all_exercises: tuple[Exercise, ...],
-                   names: Iterable[str], device: str) -> reports.StudentReport:
+                   names: Iterable[str], device: str, sandbox: str = "") -> reports.StudentReport:
     """One student's report from the store: their submission's record and their committed results."""
     meta = store.load_submission(out, student)
-    report = reports.StudentReport(student, meta["source"], meta["kind"], list(meta.get("problems", [])), device)
+    report = reports.StudentReport(student, meta["source"], meta["kind"], list(meta.get("problems", [])), device,
+                                   sandbox=sandbox)
     by_name = {e.name: e for e in all_exercises}
     results = store.load_exercises(out, student)
     for name in names:
@@ -31,7 +32,7 @@ def student_report(out: Path, student: str, *, course: Course, all_exercises: tu
 def all_reports(out: Path, *, course: Course, all_exercises: tuple[Exercise, ...]) -> list[reports.StudentReport]:
     run = store.read_run(out)
     return [student_report(out, s, course=course, all_exercises=all_exercises, names=run["exercises"],
-                           device=run.get("device", "")) for s in store.students(out)]
+                           device=run.get("device", ""), sandbox=run.get("sandbox", "")) for s in store.students(out)]
 
 
 def rebuild(out: Path, *, course: Course, all_exercises: tuple[Exercise, ...]) -> list[reports.StudentReport]:

@@ -29,11 +29,11 @@ from grader.grading.slots import Slot
 class Recorder:
     def __init__(self, out: Path, *, course: Course, all_exercises: tuple[Exercise, ...], names: list[str],
                  device: str, students: Iterable[str], batch: str, gradebook: bool, progress: Progress,
-                 profile: bool = False):
+                 profile: bool = False, sandbox: str = ""):
         self.out, self.course, self.all_exercises, self.names = out, course, all_exercises, list(names)
         self.batch, self.gradebook, self.progress, self.profile = batch, gradebook, progress, profile
         self._reports = {s: rebuild.student_report(out, s, course=course, all_exercises=all_exercises, names=names,
-                                                   device=device) for s in students}
+                                                   device=device, sandbox=sandbox) for s in students}
         self._heartbeat = markers.Heartbeat(batch)
 
     def started(self, task: Task, slot: Slot) -> None:

@@ -43,6 +43,11 @@ class StudentReport:
     exercises: list[tuple[ExerciseScore, ExerciseResult]] = field(default_factory=list)
     elapsed_s: float = 0.0
     started: str = field(default_factory=lambda: time.strftime("%Y-%m-%d %H:%M:%S"))
+    sandbox: str = ""  # where the student's code ran: "in a bubblewrap 0.8.0 sandbox", or WITHOUT one
+
+    @property
+    def graded_with(self) -> str:
+        return f"{self.device}, {self.sandbox}" if self.sandbox else self.device
 
     @property
     def score(self) -> float:
@@ -111,7 +116,7 @@ def gradescope(report: StudentReport) -> dict[str, Any]:
         if result.problems:
             tests.append({"name": f"{score.exercise}: problems while grading", "score": 0.0, "max_score": 0.0,
                           "status": "failed", "output": "\n\n".join(result.problems), "visibility": "visible"})
-    output = [f"Graded with {report.device}."] + [f"Submission problem: {p}" for p in report.problems]
+    output = [f"Graded with {report.graded_with}."] + [f"Submission problem: {p}" for p in report.problems]
     if note := unavailable_note(report):
         output.append(note)
     if report.pending > 0:
@@ -140,7 +145,7 @@ def _fence(text: str) -> str:
 def markdown(report: StudentReport) -> str:
     out = [f"# Grade report: {report.student}", ""]
     out.append(f"**Total: {_total(report.score, report.max_score, report.pending)} points** — graded with "
-               f"{report.device}; {report.started}, {report.elapsed_s:.1f} s of grading (its exercises' times "
+               f"{report.graded_with}; {report.started}, {report.elapsed_s:.1f} s of grading (its exercises' times "
                f"added up). Submission: `{report.source}` ({report.kind}).")
     out.append("")
     if note := unavailable_note(report):
@@ -250,7 +255,7 @@ def render_html(report: StudentReport) -> str:
          f'<h1 id="student">Grade report: {_e(report.student)}</h1>',
          f'<p class="total" id="total">Total: <b>{_e(_total(report.score, report.max_score, report.pending))}</b> '
          "points</p>",
-         f'<p class="meta">Graded with {_e(report.device)}; {_e(report.started)}, {report.elapsed_s:.1f} s of '
+         f'<p class="meta">Graded with {_e(report.graded_with)}; {_e(report.started)}, {report.elapsed_s:.1f} s of '
          f"grading (its exercises' times added up). Submission: <code>{_e(report.source)}</code> "
          f"({_e(report.kind)}).</p>"]
     if note := unavailable_note(report):
@@ -343,7 +348,8 @@ def gradebook_csv(reports: list[StudentReport], exercise_names: list[str]) -> st
 def details(report: StudentReport) -> dict[str, Any]:
     return {
         "student": report.student, "source": report.source, "kind": report.kind, "problems": report.problems,
-        "device": report.device, "score": report.score, "max_score": report.max_score, "pending": report.pending,
+        "device": report.device, "sandbox": report.sandbox, "score": report.score, "max_score": report.max_score,
+        "pending": report.pending,
         "exercises": [{"score": s.to_dict(), "result": {k: v for k, v in r.to_dict().items() if k != "log"}}
                       for s, r in report.exercises],
     }

@@ -71,6 +71,10 @@ def conflicts(recorded: Mapping[str, Any], current: Mapping[str, Any], secret: s
     if recorded.get("device_kind", current["device_kind"]) != current["device_kind"]:
         problems.append(f"the folder was graded on {recorded['device_kind']}, this run grades on "
                         f"{current['device_kind']}")
+    if bool(recorded.get("unsandboxed", False)) != bool(current.get("unsandboxed", False)):
+        was = "without a sandbox" if recorded.get("unsandboxed") else "in the sandbox"
+        problems.append(f"the folder was graded {was}; this run would grade "
+                        + ("without one (--unsandboxed)" if current.get("unsandboxed") else "in the sandbox"))
     for key in SCORE_SETTINGS:
         if key in recorded and recorded[key] != current[key]:
             problems.append(f"{key} is {current[key]} now, {recorded[key]} when the folder was graded")

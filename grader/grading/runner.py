@@ -56,8 +56,10 @@ def grade_exercise(exercise: Exercise, root: Path, *, settings: RunSettings, scr
                               random_cases=settings.random_cases, speed_budget_s=settings.speed_budget_s, parts=parts)
         result.profile["plan"] = time.monotonic() - planned
         scratch.mkdir(parents=True, exist_ok=True)
-        judge = ExerciseJudge(exercise, device=settings.device, student_dir=os.path.realpath(path.parent),
-                              gpu_name=settings.gpu_name)
+        seen_root, seen_package = supervise.worker_view(settings, root)
+        # the kernels' files as the worker reports them: under its view of the tree
+        student_dir = os.path.join(seen_root, exercise.name) if settings.sandbox else os.path.realpath(path.parent)
+        judge = ExerciseJudge(exercise, device=settings.device, student_dir=student_dir, gpu_name=settings.gpu_name)
         run = supervise.run(exercise, root, items, settings, scratch=scratch, cache_dir=cache_dir,
                             on_reply=judge.on_reply, gpu_lock=slot.lock if slot is not None else None)
         result.log = "\n".join(run.logs)
@@ -73,8 +75,8 @@ def grade_exercise(exercise: Exercise, root: Path, *, settings: RunSettings, scr
                         for p in selected]
         result.elapsed_s = time.monotonic() - start
         return result
-    _clean_paths(result, {os.path.realpath(root) + os.sep: "", str(root) + os.sep: "",
-                          str(supervise.package_link(settings.workdir)) + os.sep: ""})
+    _clean_paths(result, {os.path.realpath(root) + os.sep: "", str(root) + os.sep: "", seen_root + os.sep: "",
+                          os.path.dirname(seen_package) + os.sep: ""})
     _set_status(result)
     result.elapsed_s = time.monotonic() - start
     result.profile["total"] = result.elapsed_s

@@ -3,19 +3,21 @@ minimal environment, a wall-clock limit, a memory limit and capped output captur
 
 What this gives, and what it does not:
 
-* The process and every child it starts share a new process group (``start_new_session``). On a
-  timeout, on too much memory, and after every normal exit the whole group is killed, so nothing the
-  student started outlives the run. A child that leaves the group (``setsid``) is still found: the
-  environment carries a per-run token, and any process whose environment holds it is killed too.
+* Lifetime. A process started in a sandbox (:mod:`grader.grading.isolation`, ``pid_namespace=True``) runs in
+  a PID namespace of its own: killing it (bwrap) ends the namespace, and every process in it, however it
+  detached (``setsid``, a dropped environment, a double fork). Without a sandbox the process and its children
+  share a new process group (``start_new_session``) that is killed after every run, and a child that leaves
+  the group is still found by a per-run token in its environment (one that also drops its environment is
+  not: that needs the sandbox).
+* Stopping never waits forever: a killed process is waited for a bounded time, and the threads reading its
+  output are given a bounded time to drain; a pipe still held by a process that could not be killed is left
+  to its daemon thread instead of blocking the grader.
 * Memory: ``RLIMIT_AS`` (set by the worker itself, before student code is imported) on the CPU.
   CUDA reserves hundreds of GB of virtual address space at initialisation, so on CUDA the address
-  space is not limited; instead the parent polls the resident memory of the process group and kills
-  it above the limit. Both report "used more than N MB of memory".
+  space is not limited; instead the parent polls the resident memory of the run's processes and kills
+  them above the limit. Both report "used more than N MB of memory".
 * stdout and stderr are read by the parent and capped: the first ``output_cap`` bytes of each are
   kept, the rest is counted and dropped (printing never blocks or kills the student's run).
-* It is not a security boundary against a determined attacker: the process runs as the grader's
-  user and can read whatever that user can. Grade untrusted submissions in a container or VM with
-  only the grader installed (see grader/grading/README.md).
 """
 
 from __future__ import annotations
@@ -31,8 +33,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 POLL_S = 0.1
+WAIT_S = 10.0  # for a killed process to be reaped (it only takes longer in uninterruptible sleep)
+DRAIN_S = 5.0  # for the output readers to reach the end of the pipes once the process is gone
 TOKEN_VAR = "GRADER_WORKER_TOKEN"
-_ACTIVE: dict[int, str] = {}  # process group -> token, for kill_active()
+_ACTIVE: dict[int, Process] = {}  # pid -> running process, for kill_active()
 _ACTIVE_LOCK = threading.Lock()
 
 
@@ -90,6 +94,8 @@ class _Reader(threading.Thread):
                     piece = chunk[: self.cap - self.kept]
                     self.chunks.append(piece)
                     self.kept += len(piece)
+        with contextlib.suppress(OSError, ValueError):
+            self.stream.close()  # here, not in stop(): closing a stream another thread reads blocks
 
     def captured(self) -> Captured:
         return Captured(b"".join(self.chunks), self.total)
@@ -107,20 +113,27 @@ def minimal_env(extra: dict[str, str], home: str) -> dict[str, str]:
 
 class Process:
     """One untrusted process, started in its own session: a handle to watch it, stop it and read what it
-    printed. A thread polls its process group's resident memory when ``rss_limit_bytes`` is set and kills
-    the group above it."""
+    printed. A thread polls the resident memory of its processes when ``rss_limit_bytes`` is set and kills
+    them above it. ``pid_namespace``: ``argv`` starts a sandbox with a PID namespace of its own (bwrap), whose
+    first process inside is its init and the second the command."""
 
     def __init__(self, argv: Sequence[str], *, cwd: str, env: dict[str, str], rss_limit_bytes: int | None,
-                 output_cap: int, pass_fds: Sequence[int] = (), stdin_data: bytes | None = None):
-        self.token = secrets.token_hex(16)
+                 output_cap: int, pass_fds: Sequence[int] = (), stdin_data: bytes | None = None,
+                 pid_namespace: bool = False):
+        self.pid_namespace = pid_namespace
+        self.token = None if pid_namespace else secrets.token_hex(16)
+        self._namespace: str | None = None
+        self._namespace_fd: int | None = None
+        self._namespace_lock = threading.Lock()
         self.start = time.monotonic()
         self.proc = subprocess.Popen(
             list(argv), stdin=subprocess.PIPE if stdin_data is not None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd, env={**env, TOKEN_VAR: self.token},
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd,
+            env=env if self.token is None else {**env, TOKEN_VAR: self.token},
             start_new_session=True, pass_fds=tuple(pass_fds), close_fds=True,
         )
         with _ACTIVE_LOCK:
-            _ACTIVE[self.proc.pid] = self.token
+            _ACTIVE[self.proc.pid] = self
         self.readers = [_Reader(self.proc.stdout, output_cap), _Reader(self.proc.stderr, output_cap)]
         for r in self.readers:
             r.start()
@@ -129,6 +142,7 @@ class Process:
         self.memory_exceeded = False
         self.timed_out = False
         self.leftover_killed = 0
+        self._killed: set[int] = set()
         self._stopped = threading.Event()
         if rss_limit_bytes is not None:
             threading.Thread(target=self._watch_memory, args=(rss_limit_bytes,), daemon=True).start()
@@ -141,10 +155,67 @@ class Process:
         while not self._stopped.wait(POLL_S):
             if self.proc.poll() is not None:
                 return
-            if group_rss(self.proc.pid) > limit:
+            if rss(self._processes()) > limit:
                 self.memory_exceeded = True
-                kill_all(self.proc.pid, self.token)
+                self.kill()
                 return
+
+    def namespace(self) -> str | None:
+        """The sandbox's PID namespace (``pid:[inode]``), once bwrap has made it. It is held open until
+        stop() returns: a namespace's number is reused once it is freed, and must never name another run's (nor
+        may bwrap's pid, once reaped)."""
+        with self._namespace_lock:  # the memory watch asks too
+            if self.pid_namespace and self._namespace is None and self.proc.returncode is None:
+                own = _pid_namespace(os.getpid())
+                for child in _children(self.proc.pid):
+                    try:
+                        fd = os.open(f"/proc/{child}/ns/pid", os.O_RDONLY)
+                    except OSError:
+                        continue
+                    found = _pid_namespace_of_fd(fd)
+                    if found is not None and found != own:
+                        self._namespace, self._namespace_fd = found, fd
+                        break
+                    os.close(fd)
+            return self._namespace
+
+    def _processes(self) -> list[int]:
+        """Every process of this run, the one started first included."""
+        if self.pid_namespace:
+            namespace = self.namespace()
+            return [self.proc.pid] + ([pid for pid, _ in namespace_members(namespace)] if namespace else [])
+        return _group_members(self.proc.pid)
+
+    def leftovers(self) -> list[int]:
+        """The processes of this run besides the command itself (and bwrap's init, in a sandbox)."""
+        if self.pid_namespace:
+            namespace = self.namespace()
+            return [pid for pid, inner in namespace_members(namespace) if inner > 2] if namespace else []
+        members = [p for p in _group_members(self.proc.pid) if p != self.proc.pid]
+        return members + [p for p in _token_holders(self.token or "") if p != self.proc.pid and p not in members]
+
+    def kill_leftovers(self) -> int:
+        """SIGKILL what the command left running besides itself; how many (each counted once)."""
+        found = [pid for pid in self.leftovers() if pid not in self._killed]
+        for pid in found:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        self._killed.update(found)
+        self.leftover_killed = len(self._killed)
+        return len(found)
+
+    def kill(self) -> None:
+        """SIGKILL the process and everything it started."""
+        if self.pid_namespace:
+            namespace = self.namespace()
+            members = [pid for pid, _ in namespace_members(namespace)] if namespace else []
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(self.proc.pid, signal.SIGKILL)  # bwrap: its init dies with it (--die-with-parent)
+            for pid in members:  # and everything else of the namespace at once, not one after the other
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+        else:
+            kill_all(self.proc.pid, self.token or "")
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -158,23 +229,29 @@ class Process:
         return True
 
     def stop(self, *, timed_out: bool = False) -> Outcome:
-        """Kill whatever is left of the process and everything it started; what happened."""
+        """Kill whatever is left of the process and everything it started; what happened. Returns within
+        about ``WAIT_S + DRAIN_S`` seconds whatever the processes do."""
         self.timed_out = self.timed_out or timed_out
         self._stopped.set()
-        self.leftover_killed += kill_all(self.proc.pid, self.token)
-        self.proc.wait()
+        self.kill_leftovers()
+        self.kill()
+        exited = self.wait(WAIT_S)
+        elapsed = time.monotonic() - self.start
+        namespace, gone_by = self.namespace(), time.monotonic() + WAIT_S
+        while namespace and namespace_members(namespace) and time.monotonic() < gone_by:
+            time.sleep(POLL_S / 5)  # SIGKILLed processes take a moment to go: none is left when this returns
+        with self._namespace_lock:
+            if self._namespace_fd is not None:
+                os.close(self._namespace_fd)
+                self._namespace, self._namespace_fd = None, None
         with _ACTIVE_LOCK:
             _ACTIVE.pop(self.proc.pid, None)
-        elapsed = time.monotonic() - self.start
+        drained = time.monotonic() + DRAIN_S
         for r in self.readers:
-            r.join(timeout=5)
-        for stream in (self.proc.stdout, self.proc.stderr, self.proc.stdin):
-            if stream is not None:
-                with contextlib.suppress(OSError):
-                    stream.close()
+            r.join(timeout=max(0.0, drained - time.monotonic()))
         killed = self.timed_out or self.memory_exceeded
         return Outcome(
-            returncode=None if killed else self.proc.returncode,
+            returncode=None if killed or not exited else self._returncode(),
             timed_out=self.timed_out,
             memory_exceeded=self.memory_exceeded,
             elapsed_s=elapsed,
@@ -182,6 +259,12 @@ class Process:
             stderr=self.readers[1].captured(),
             leftover_killed=self.leftover_killed,
         )
+
+    def _returncode(self) -> int | None:
+        code = self.proc.returncode
+        if self.pid_namespace and code is not None and 128 < code < 128 + 65:
+            return -(code - 128)  # bwrap's init reports a command killed by signal N as 128 + N, like a shell
+        return code
 
 
 def run(
@@ -224,11 +307,56 @@ def _group_members(pgid: int) -> list[int]:
     return pids
 
 
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def _pid_namespace(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return None
+
+
+def _pid_namespace_of_fd(fd: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return None
+
+
+def namespace_members(namespace: str) -> list[tuple[int, int]]:
+    """(pid here, pid in the namespace) of every live process of the PID namespace ``namespace``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or _pid_namespace(int(entry)) != namespace:
+            continue
+        try:
+            with open(f"/proc/{entry}/status") as f:
+                status = dict(line.split(":", 1) for line in f if ":" in line)
+        except OSError:
+            continue
+        if status.get("State", "").strip().startswith("Z"):
+            continue
+        inner = status.get("NSpid", entry).split()
+        found.append((int(entry), int(inner[-1])))
+    return found
+
+
 def group_rss(pgid: int) -> int:
     """Resident bytes of every process in the group."""
+    return rss(_group_members(pgid))
+
+
+def rss(pids: list[int]) -> int:
+    """Resident bytes of ``pids``."""
     total = 0
     page = os.sysconf("SC_PAGE_SIZE")
-    for pid in _group_members(pgid):
+    for pid in pids:
         try:
             with open(f"/proc/{pid}/statm", "rb") as f:
                 total += int(f.read().split()[1]) * page
@@ -266,8 +394,8 @@ def kill_all(pgid: int, token: str) -> int:
 
 
 def kill_active() -> None:
-    """Kill every sandboxed process group still running (on Ctrl-C)."""
+    """Kill every worker still running, and what it started (on Ctrl-C)."""
     with _ACTIVE_LOCK:
-        active = list(_ACTIVE.items())
-    for pgid, token in active:
-        kill_all(pgid, token)
+        active = list(_ACTIVE.values())
+    for process in active:
+        process.kill()

@@ -13,18 +13,20 @@ A submission is one of
 The student id is the directory or file name without extension, unless the submission carries a
 manifest: ``student.toml`` with ``student_id = "..."`` next to the exercise folders or at the top
 (directories, zips), or the notebook
-metadata ``{"grader": {"student_id": "..."}}``. Ids are reduced to ``[A-Za-z0-9._-]``. The same places may
-hold ``display_name``: the name a student opts into for the class's speed leaderboard.
+metadata ``{"grader": {"student_id": "..."}}``. Ids are reduced to ``[A-Za-z0-9._-]`` (see :func:`sanitize`). The
+same places may hold ``display_name``: the name a student opts into for the class's speed leaderboard.
 
 A folder that holds submissions rather than exercise folders (several student folders, zips or notebooks)
 stands for the submissions in it: ``grader grade export/`` grades every one.
 
 Everything is copied into a private directory first (regular files only: links are skipped; size
-and file-count limits apply), so grading never runs in, or writes to, the submitted files.
+and file-count limits apply), so grading never runs in, or writes to, the submitted files. A submission
+that is itself a symbolic link is not followed: it is refused, with a message naming it.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import stat
@@ -33,12 +35,14 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from grader.checks import loader
 from grader.checks.spec import Exercise
 
 MARKER = re.compile(r"^\s*#\s*%%\s*exercise:\s*(\S+)\s*$")
 MANIFEST = "student.toml"
 MAX_BYTES = 64 << 20
 MAX_FILES = 5000
+MAX_ID = 64  # characters of a student id: a folder name, far below any file system's limit
 _IGNORED = {"__pycache__", ".git", ".ipynb_checkpoints", "__MACOSX", ".hypothesis", ".pytest_cache"}
 
 
@@ -61,7 +65,11 @@ class SubmissionError(Exception):
 
 
 def sanitize(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._-") or "student"
+    """A student id that is a plain folder name: ``[A-Za-z0-9._-]``, at most MAX_ID characters, neither
+    starting nor ending with ``.``, ``_`` or ``-`` (so never ``.``, ``..`` nor hidden); "student" when nothing
+    is left. Ids live in ``OUT/students/<id>/``, so they cannot collide with the grader's own files."""
+    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._-")
+    return cleaned[:MAX_ID].rstrip("._-") or "student"
 
 
 def kind_of(path: Path) -> str:
@@ -108,6 +116,10 @@ def prepare(path: Path, dest: Path, exercises: tuple[Exercise, ...]) -> Submissi
     kind = kind_of(path)
     sub = Submission(default_id(path), path, kind)
     dest.mkdir(parents=True, exist_ok=True)
+    if path.is_symlink():  # what it points to is not the student's hand-in (it could be solutions/)
+        sub.problems.append(f"{path.name} is a symbolic link (to {os.readlink(path)}): links are not graded; hand "
+                            "in the files themselves")
+        return sub
     try:
         if kind == "notebook":
             sub.root = _from_notebook(path, dest / "impl", exercises, sub)
@@ -244,7 +256,7 @@ def notebook_modules(nb, exercises: tuple[Exercise, ...]) -> tuple[dict[str, str
             continue
         body = ["# [ipython magic, not graded] " + line if line.lstrip().startswith(("%", "!")) else line
                 for line in lines]
-        sources.setdefault(name, []).append(f"# --- notebook cell {index + 1} ---\n" + "\n".join(body) + "\n")
+        sources.setdefault(name, []).append(f"{loader.cell_marker(index + 1)}\n" + "\n".join(body) + "\n")
     return {name: "\n".join(parts) for name, parts in sources.items()}, problems
 
 
@@ -294,5 +306,5 @@ def _from_notebook(path: Path, impl: Path, exercises: tuple[Exercise, ...], sub:
     for name, source in modules.items():
         exercise = by_name[name]
         (impl / name).mkdir(parents=True, exist_ok=True)
-        (impl / name / f"{exercise.module}.py").write_text(source)
+        (impl / name / f"{exercise.module}.py").write_text(source, encoding="utf-8")
     return impl

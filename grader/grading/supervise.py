@@ -1,15 +1,18 @@
 """Run a planned exercise in sandboxed workers, one item at a time.
 
-The grader starts a worker (:mod:`grader.grading.worker`) in its own process group with two pipes of its
-own, sends the job, then one request per item and waits for the reply, within a limit per call (the
-``call_timeout_s``, plus the timing budget for speed) and for the whole exercise (``timeout_s``). While the
-worker runs an item, the grader judges the previous reply (``on_reply``) and builds the next item's inputs,
-so its CPU work overlaps the worker's.
+The grader starts a worker (:mod:`grader.grading.worker`) in a sandbox (:mod:`grader.grading.isolation`; in
+its own process group only, where the instructor opted out of the sandbox) with two pipes of its own, sends
+the job, then one request per item and waits for the reply, within a limit per call (the ``call_timeout_s``,
+plus the timing budget for speed) and for the whole exercise (``timeout_s``). While the worker runs an item,
+the grader judges the previous reply (``on_reply``) and builds the next item's inputs, so its CPU work
+overlaps the worker's.
 
-A worker that crashes, overruns a limit or sends something that is not a message is stopped (its whole
-process group), the item it was running fails with the reason, and a new worker goes on with the items not
+A worker that crashes, overruns a limit or sends something that is not a message is stopped (with every
+process it started), the item it was running fails with the reason, and a new worker goes on with the items not
 reached: once, and again (at most ``max_restarts`` times) only while the restarts make progress. A crash
-while importing the module, a malformed message and the exercise's time limit end the run.
+while importing the module, a malformed message and the exercise's time limit end the run. A worker that
+ends, or does not start within a call's limit, before it says hello ran no student code: that is the grader's
+fault (:class:`WorkerStartError`), never the student's.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from grader.checks.spec import Exercise
-from grader.grading import channel, protocol, sandbox
+from grader.grading import channel, isolation, protocol, sandbox
 from grader.grading.config import RunSettings
 from grader.grading.plan import Item
 from grader.grading.slots import SharedExclusiveLock
@@ -37,9 +40,10 @@ STDERR_TAIL_LINES = 15
 _NOISE = ("Extension modules:", '  File "<frozen runpy>"', '  File "<string>"', "Current thread 0x",
           "Thread 0x", "Timeout (")
 
-# Runs the worker with only the grader package importable: a private directory holding a link to it
-# goes first on sys.path, and -I keeps out the working directory, PYTHONPATH and the user site (and every
-# PYTHON* variable: -u keeps its prints unbuffered, so a worker that is stopped loses none of them).
+# Runs the worker with only the grader package importable: the folder holding it (in the sandbox, the
+# package's own bind; without one, a private directory holding a link to it) goes first on sys.path, and -I
+# keeps out the working directory, PYTHONPATH and the user site (and every PYTHON* variable: -u keeps its
+# prints unbuffered, so a worker that is stopped loses none of them).
 _BOOT = (
     "import sys; sys.path.insert(0, sys.argv[1]); del sys.argv[1]; import runpy; "
     "runpy.run_module('grader.grading.worker', run_name='__main__', alter_sys=True)"
@@ -61,6 +65,17 @@ class Run:
 
     def add_time(self, step: str, seconds: float) -> None:
         self.profile[step] = self.profile.get(step, 0.0) + seconds
+
+
+class WorkerStartError(RuntimeError):
+    """The worker ended before it ran anything of the student's: the sandbox or the environment is broken."""
+
+
+def worker_view(settings: RunSettings, root: Path) -> tuple[str, str]:
+    """Where the worker sees the implementation tree ``root`` and the grader package."""
+    if settings.sandbox is not None:
+        return isolation.SUBMISSION, isolation.PACKAGE
+    return str(root), str(package_link(settings.workdir) / "grader")
 
 
 def package_link(workdir: Path) -> Path:
@@ -88,25 +103,37 @@ class _Ended(Exception):
 class _Worker:
     """One worker process and its two pipes."""
 
-    def __init__(self, settings: RunSettings, scratch: Path, cache_dir: Path | None, extra_fields: dict):
+    def __init__(self, settings: RunSettings, root: Path, scratch: Path, cache_dir: Path | None,
+                 extra_fields: dict):
         self.settings = settings
         self.extra_fields = extra_fields
         req_r, self._req_w = os.pipe()
         self._rep_r, rep_w = os.pipe()
         cwd = Path(tempfile.mkdtemp(prefix="run-", dir=scratch))
-        env = sandbox.minimal_env({"GRADER_DEVICE": settings.device, **settings.env}, home=str(cwd))
+        box = settings.sandbox
+        home = isolation.SCRATCH if box is not None else str(cwd)
+        env = sandbox.minimal_env({"GRADER_DEVICE": settings.device, **settings.env}, home=home)
         if cache_dir is not None:  # compiled kernels are shared by one submission's workers, never across students
-            env["TRITON_CACHE_DIR"] = str(cache_dir)
+            cache_dir.mkdir(parents=True, exist_ok=True)
+            env["TRITON_CACHE_DIR"] = isolation.TRITON_CACHE if box is not None else str(cache_dir)
         if settings.device == "cpu":
             env["TRITON_INTERPRET"] = "1"
-        argv = [sys.executable, "-I", "-u", "-c", _BOOT, str(package_link(settings.workdir)),
+        lib = isolation.LIB if box is not None else str(package_link(settings.workdir))
+        argv = [sys.executable, "-I", "-u", "-c", _BOOT, lib,
                 "--requests-fd", str(req_r), "--fd", str(rep_w), "--file-mb", str(settings.result_cap_mb)]
         if settings.memory_mb and settings.device != "cuda":  # CUDA needs a huge address space: see sandbox.py
             argv += ["--memory-mb", str(settings.memory_mb)]
+        if box is not None:
+            import grader
+
+            binds = isolation.worker_binds(submission=root, package=Path(grader.__file__).resolve().parent,
+                                           scratch=cwd, triton_cache=cache_dir)
+            argv, env = box.command(argv, binds=binds, env=env, cwd=home), {}
         rss = settings.memory_mb * MB if settings.memory_mb else None
         try:
             self.process = sandbox.Process(argv, cwd=str(cwd), env=env, rss_limit_bytes=rss,
-                                           output_cap=settings.output_cap, pass_fds=(req_r, rep_w))
+                                           output_cap=settings.output_cap, pass_fds=(req_r, rep_w),
+                                           pid_namespace=box is not None)
         finally:
             os.close(req_r)
             os.close(rep_w)
@@ -170,6 +197,7 @@ class _Worker:
         return self.outcome
 
     def finish(self) -> sandbox.Outcome:
+        self.process.kill_leftovers()  # while the worker waits: in a sandbox, bwrap waits for every process in it
         self.send(protocol.Finish())
         self.process.wait(10.0)
         return self.stop()
@@ -179,9 +207,9 @@ def _why_ended(outcome: sandbox.Outcome, settings: RunSettings) -> str:
     if outcome.returncode == 1 and "Timeout (" in outcome.stderr.text():  # the worker's own watchdog
         return f"took longer than the {settings.call_timeout_s:g} s allowed for one call (stopped)"
     if outcome.timed_out:
-        return f"timed out after {settings.timeout_s:g} s (the process group was killed)"
+        return f"timed out after {settings.timeout_s:g} s (stopped, with every process it started)"
     if outcome.memory_exceeded:
-        return f"used more than {settings.memory_mb} MB of memory (the process group was killed)"
+        return f"used more than {settings.memory_mb} MB of memory (stopped, with every process it started)"
     if outcome.signal_name:
         return f"crashed with {outcome.signal_name}"
     return f"exited early (exit code {outcome.returncode})"
@@ -246,7 +274,7 @@ def run(exercise: Exercise, root: Path, items: list[Item], settings: RunSettings
     result = Run()
     deadline = time.monotonic() + settings.timeout_s
     extra_fields = {it.id: dict(x.fields) for it in items for x in it.part.extra_checks if x.name == it.role}
-    grader_dir = str(package_link(settings.workdir) / "grader")
+    seen_root, grader_dir = worker_view(settings, root)
     remaining = [it for it in items if it.skip_reason is None]
     not_implemented: dict[str, str] = {}  # part.missing_key -> message
     first_calls: set[str] = set()  # parts whose first call was made (it compiles: profiled apart)
@@ -267,18 +295,26 @@ def run(exercise: Exercise, root: Path, items: list[Item], settings: RunSettings
                 result.failed.setdefault(it.id, f"not run: the {settings.timeout_s:g} s time limit was used up")
             break
         started = time.monotonic()
-        worker = _Worker(settings, scratch, cache_dir, extra_fields)
+        worker = _Worker(settings, root, scratch, cache_dir, extra_fields)
         current: Item | None = None
         progress = 0
-        limit = f"timed out after {settings.timeout_s:g} s (the process group was killed)"
+        limit = f"timed out after {settings.timeout_s:g} s (stopped, with every process it started)"
         try:
             waiting = time.monotonic()
             with _hold(gpu_lock, None):  # importing the module compiles kernels: not while another run is timed
                 deadline += time.monotonic() - waiting
-                worker.receive(min(deadline, time.monotonic() + settings.call_timeout_s + GRACE_S), limit)  # Hello
+                hello_by = min(deadline, time.monotonic() + settings.call_timeout_s + GRACE_S)
+                try:
+                    worker.receive(hello_by, limit)  # Hello
+                except _Ended as ended:
+                    outcome = ended.outcome or worker.stop()
+                    if outcome.timed_out and hello_by >= deadline:  # the exercise's time, used by the student's code
+                        raise
+                    raise WorkerStartError(f"the worker did not start ({ended.why}):\n"
+                                           f"{outcome.stderr.text()[-2000:]}") from None
                 result.add_time("worker start", time.monotonic() - started)
                 loading = time.monotonic()
-                worker.send(protocol.Job(exercise.name, str(root), settings.device, settings.call_timeout_s))
+                worker.send(protocol.Job(exercise.name, seen_root, settings.device, settings.call_timeout_s))
                 loaded = worker.receive(min(deadline, time.monotonic() + settings.call_timeout_s + GRACE_S), limit)
             if not isinstance(loaded, protocol.Loaded):
                 raise _Ended("the worker sent a malformed result: expected the loaded message")

@@ -6,8 +6,9 @@ import torch
 import triton
 import triton.language as tl
 
-_stay = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-_escape = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+_SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)", "child_process-fixture"]  # findable by its argv
+_stay = subprocess.Popen(_SLEEPER)
+_escape = subprocess.Popen(_SLEEPER, start_new_session=True)
 print(f"child pids: {_stay.pid} {_escape.pid}", flush=True)
 
 

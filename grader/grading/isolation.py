@@ -1,0 +1,225 @@
+"""The sandbox a worker runs in: bubblewrap (``bwrap``), described here as typed binds and turned into its
+command line in one place.
+
+Inside, the worker sees only::
+
+    /sandbox/submission     the student's copy of their implementation tree (read-only)
+    /sandbox/lib/grader     the grader package (read-only; /sandbox/lib goes first on sys.path)
+    /sandbox/triton-cache   the student's own Triton cache (shared by that student's workers only)
+    /tmp                    a private scratch folder: the working directory, HOME and TMPDIR
+    /usr /bin /lib* ...     the system, a few /etc entries, the Python installation and its venv (read-only)
+    /sys                    read-only; /dev: a minimal one, plus the NVIDIA device nodes on CUDA
+    /proc                   a fresh one, in a PID namespace of its own: the grader is not in it
+
+and nothing else: not the output folder (reports, gradebook, ``secret.txt``), not another student's copy, not
+the grader's scratch folders, not the repository (``solutions/``); no network, no IPC or host name shared with
+the host, no new user namespaces. It runs as ``nobody`` in a user namespace. Killing bwrap ends the PID
+namespace, so every process the student started ends with it, however it detached.
+
+As root, ``nobody`` inside is root outside for files the sandbox can see: hence a whitelist of ``/etc``
+entries (not ``/etc/shadow`` or SSH host keys) and NVIDIA device nodes only (never ``/dev/sda``).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+SUBMISSION = "/sandbox/submission"
+LIB = "/sandbox/lib"
+PACKAGE = f"{LIB}/grader"
+TRITON_CACHE = "/sandbox/triton-cache"
+SCRATCH = "/tmp"
+NOBODY = 65534
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+# What the interpreter, the dynamic loader, the C compiler Triton uses on a GPU (``cc`` via alternatives,
+# ``ldconfig -p``) and getpass need from /etc; nothing with secrets in it.
+ETC_ENTRIES = ("alternatives", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "nsswitch.conf", "passwd", "group",
+               "localtime", "timezone", "os-release", "hosts")
+PROBE_TIMEOUT_S = 60.0
+INSTALL_HINT = ("install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; Fedora/RHEL: dnf install "
+                "bubblewrap); as a user other than root it also needs unprivileged user namespaces")
+USERNS_HINT = ("unprivileged user namespaces look disabled: enable them (sysctl kernel.unprivileged_userns_clone=1; "
+               "on Ubuntu 23.10 and later kernel.apparmor_restrict_unprivileged_userns=0 or an AppArmor profile for "
+               "bwrap; user.max_user_namespaces > 0), or grade as root")
+
+Kind = Literal["ro", "rw", "dev", "symlink", "tmpfs"]
+
+
+@dataclass(frozen=True)
+class Bind:
+    """One entry of the sandbox's file system: ``source`` on the host shown at ``dest``, read-only (``ro``),
+    writable (``rw``) or as a device (``dev``); a ``symlink`` at ``dest`` to ``source``; or an empty ``tmpfs``
+    at ``dest`` that hides what a bind above it would show."""
+
+    source: str
+    dest: str
+    kind: Kind = "ro"
+
+    def args(self) -> list[str]:
+        match self.kind:
+            case "ro":
+                return ["--ro-bind", self.source, self.dest]
+            case "rw":
+                return ["--bind", self.source, self.dest]
+            case "dev":
+                return ["--dev-bind", self.source, self.dest]
+            case "symlink":
+                return ["--symlink", self.source, self.dest]
+            case "tmpfs":
+                return ["--tmpfs", self.dest]
+        raise ValueError(f"not a kind of bind: {self.kind!r}")
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    """bubblewrap at ``bwrap`` and the read-only world every worker sees (``system``)."""
+
+    bwrap: str
+    version: tuple[int, ...]
+    system: tuple[Bind, ...]
+
+    @property
+    def description(self) -> str:
+        return f"a bubblewrap {'.'.join(map(str, self.version))} sandbox"
+
+    def command(self, argv: Sequence[str], *, binds: Sequence[Bind], env: Mapping[str, str], cwd: str) -> list[str]:
+        """bwrap's command line that runs ``argv`` in the sandbox with ``binds`` on top of the system, only
+        ``env`` in its environment, in ``cwd``. File descriptors the caller passes stay open in it."""
+        args = [self.bwrap, "--unshare-user", "--uid", str(NOBODY), "--gid", str(NOBODY), "--unshare-pid",
+                "--unshare-net", "--unshare-ipc", "--unshare-uts", "--die-with-parent", "--new-session", "--clearenv"]
+        if self.version >= (0, 8):  # the student cannot make user namespaces of its own (a large kernel surface)
+            args.append("--disable-userns")
+        args += ["--proc", "/proc", "--dev", "/dev"]
+        for bind in (*self.system, *binds):
+            args += bind.args()
+        for name, value in env.items():
+            args += ["--setenv", name, value]
+        return [*args, "--chdir", cwd, "--", *argv]
+
+
+def worker_binds(*, submission: Path, package: Path, scratch: Path, triton_cache: Path | None) -> list[Bind]:
+    """What one worker sees besides the system: its submission, the grader, its scratch and its Triton cache."""
+    binds = [Bind(str(submission), SUBMISSION), Bind(str(package), PACKAGE), Bind(str(scratch), SCRATCH, "rw")]
+    if triton_cache is not None:
+        binds.append(Bind(str(triton_cache), TRITON_CACHE, "rw"))
+    return binds
+
+
+def python_dirs() -> list[tuple[str, str]]:
+    """(host path, path in the sandbox) of the interpreter's installation and its venv: the paths the
+    interpreter uses, bound from their real locations (a venv's ``bin/python`` is often a link elsewhere)."""
+    found: list[tuple[str, str]] = []
+    for path in (sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix,
+                 os.path.dirname(os.path.realpath(sys.executable))):
+        for dest in (os.path.abspath(path), os.path.realpath(path)):
+            pair = (os.path.realpath(path), dest)
+            if pair not in found:
+                found.append(pair)
+    return found
+
+
+def _inside(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def system_binds(device: str, *, protected: Iterable[str | os.PathLike] = ()) -> tuple[Bind, ...]:
+    """The read-only world: system folders, /etc entries, Python, LD_LIBRARY_PATH, /sys, and on CUDA the NVIDIA
+    device nodes and /proc/driver/nvidia. A ``protected`` folder (the output folder, the grader's scratch, the
+    repository) that one of these would show is hidden under an empty tmpfs."""
+    binds: list[Bind] = []
+    for path in SYSTEM_DIRS:
+        if os.path.islink(path):  # merged /usr: /lib -> usr/lib
+            binds.append(Bind(os.readlink(path), path, "symlink"))
+        elif os.path.isdir(path):
+            binds.append(Bind(path, path))
+    for name in ETC_ENTRIES:
+        path = f"/etc/{name}"
+        if os.path.islink(path):
+            binds.append(Bind(os.readlink(path), path, "symlink"))
+        elif os.path.exists(path):
+            binds.append(Bind(path, path))
+    library_path = [(os.path.realpath(p), p) for p in os.environ.get("LD_LIBRARY_PATH", "").split(":") if p]
+    for source, dest in python_dirs() + library_path:
+        covered = any(b.kind == "ro" and _inside(dest, b.dest) and _inside(source, os.path.realpath(b.source))
+                      for b in binds)
+        if os.path.isdir(source) and not covered:
+            binds.append(Bind(source, dest))
+    binds.append(Bind("/sys", "/sys"))
+    if device == "cuda":
+        binds += [Bind(node, node, "dev") for node in sorted(glob.glob("/dev/nvidia*"))]
+        if os.path.isdir("/proc/driver/nvidia"):
+            binds.append(Bind("/proc/driver/nvidia", "/proc/driver/nvidia"))
+    binds += _masks(binds, protected)
+    # bwrap mounts in order: a folder before what is mounted inside it (a mask after the bind it covers)
+    return tuple(sorted(binds, key=lambda b: Path(b.dest).parts))
+
+
+def _masks(binds: list[Bind], protected: Iterable[str | os.PathLike]) -> list[Bind]:
+    masks = []
+    for folder in {os.path.realpath(p) for p in protected}:
+        for bind in binds:
+            if bind.kind != "ro":
+                continue
+            source = os.path.realpath(bind.source)
+            if _inside(folder, source):
+                masks.append(Bind("", os.path.join(bind.dest, os.path.relpath(folder, source)), "tmpfs"))
+    return masks
+
+
+def repository_root() -> Path | None:
+    """The checkout the grader runs from, when it holds the solutions (never shown to a worker)."""
+    import grader
+
+    root = Path(grader.__file__).resolve().parent.parent
+    return root if (root / "solutions").is_dir() else None
+
+
+@dataclass(frozen=True)
+class Check:
+    """Whether a sandbox can be built here: the sandbox, or why not."""
+
+    sandbox: Sandbox | None
+    problem: str = ""
+
+
+def _version(bwrap: str) -> tuple[int, ...] | None:
+    try:
+        text = subprocess.run([bwrap, "--version"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    match = re.search(r"bubblewrap (\d+)\.(\d+)(?:\.(\d+))?", text)
+    return tuple(int(g) for g in match.groups() if g is not None) if match else None
+
+
+def check(device: str, *, protected: Iterable[str | os.PathLike] = (), bwrap: str | None = None) -> Check:
+    """Build the sandbox for ``device`` and run the interpreter in it once; the sandbox, or what is wrong."""
+    path = bwrap or shutil.which("bwrap")
+    if path is None:
+        return Check(None, f"bubblewrap (bwrap) is not installed: {INSTALL_HINT}")
+    version = _version(path)
+    if version is None:
+        return Check(None, f"{path} is not a working bubblewrap (bwrap --version failed): {INSTALL_HINT}")
+    sandbox = Sandbox(path, version, system_binds(device, protected=protected))
+    with tempfile.TemporaryDirectory(prefix="grader-probe-") as scratch:
+        argv = sandbox.command([sys.executable, "-I", "-c", "import os; print('sandbox', os.getuid())"],
+                               binds=[Bind(scratch, SCRATCH, "rw")], env={"PATH": "/usr/bin:/bin"}, cwd=SCRATCH)
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, env={},
+                                  stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.SubprocessError) as exc:
+            return Check(None, f"the sandbox does not start ({type(exc).__name__}: {exc})")
+    if done.returncode != 0 or done.stdout.split() != ["sandbox", str(NOBODY)]:
+        said = (done.stderr.strip() or done.stdout.strip() or f"exit code {done.returncode}").splitlines()[-1]
+        hint = USERNS_HINT if re.search(r"namespace|uid map|Operation not permitted|Permission denied", said) else ""
+        return Check(None, f"the sandbox does not start: {path} says: {said}" + (f" — {hint}" if hint else ""))
+    return Check(sandbox)
