@@ -135,7 +135,7 @@ def test_compute_bound_hints():
     part = _toy_part(clock, flops=True)
     score = _score(part, _measure(part, _module(clock, 4.0), clock), _calibrated())
     assert score.rows[0]["bound"] == "compute" and score.fraction == 0.0
-    assert "TFLOP/s" in score.message and "materialized scores" in score.message
+    assert "TFLOP/s" in score.message and "materialized intermediates" in score.message
 
 
 def test_a_cached_result_is_not_timed():

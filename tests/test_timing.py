@@ -8,7 +8,8 @@ import math
 import pytest
 import torch
 
-from grader.speed import timing
+from grader.checks import tensors
+from grader.speed import calibrate, timing
 from grader.speed.timing import Candidate, FakeClock, StopRule
 
 
@@ -228,3 +229,41 @@ def test_clone_exact_keeps_strides_and_copies():
     assert copy.stride() == base.stride() and copy.storage_offset() == base.storage_offset()
     assert torch.equal(copy, base) and copy.data_ptr() != base.data_ptr()
     assert timing.clone_exact(3) == 3
+
+
+def _benchmark_inputs(device: str) -> list[tuple[str, dict, dict]]:
+    """Every speed-graded part's inputs for a small case, built on the CPU and drawn on ``device``."""
+    found = []
+    for exercise, part in calibrate.speed_parts():
+        case = part.examples[0].with_seed(11)
+        with tensors.generated_on(device):
+            drawn = part.make_inputs(case)
+        found.append((f"{exercise.name}.{part.name}", part.make_inputs(case), drawn))
+    return found
+
+
+def _layout(value):
+    if isinstance(value, torch.Tensor):
+        return (tuple(value.shape), value.stride(), value.storage_offset(), value.dtype)
+    return value
+
+
+def test_benchmark_inputs_drawn_on_the_cpu_are_the_usual_ones():
+    for name, usual, drawn in _benchmark_inputs("cpu"):
+        assert usual.keys() == drawn.keys(), name
+        for key, value in usual.items():
+            assert _layout(drawn[key]) == _layout(value), (name, key)
+            if isinstance(value, torch.Tensor):
+                assert tensors.same_bits(drawn[key], value), (name, key)
+
+
+@pytest.mark.gpu
+def test_benchmark_inputs_drawn_on_the_gpu_keep_shapes_layouts_and_dtypes():
+    for name, usual, drawn in _benchmark_inputs("cuda"):
+        assert usual.keys() == drawn.keys(), name
+        for key, value in usual.items():
+            assert _layout(drawn[key]) == _layout(value), (name, key)
+            if isinstance(value, torch.Tensor) and value.is_floating_point():
+                assert drawn[key].device.type == "cuda", (name, key)
+                assert torch.isfinite(drawn[key]).any(), (name, key)
+

@@ -1,28 +1,46 @@
 """Deterministic test tensors: shapes, layouts (non-contiguous views) and value ranges from a seed.
 
 Everything is generated on the CPU from ``torch.Generator(seed)`` so that any process (the pytest
-run, the grader's worker and its verdict process) rebuilds bit-identical inputs from a case.
+run, the grader's worker and its verdict process) rebuilds bit-identical inputs from a case. Timing inputs
+are the exception (:func:`generated_on`): only their sizes and distributions matter, and drawing hundreds of
+megabytes on the CPU costs seconds per benchmark.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
+from contextvars import ContextVar
 
 import torch
+
+_DEVICE: ContextVar[str] = ContextVar("tensors_device", default="cpu")
+
+
+@contextlib.contextmanager
+def generated_on(device: str) -> Iterator[None]:
+    """Within the block, :func:`generator`, :func:`values` and :func:`layout_view` work on ``device``: same
+    shapes, layouts and distributions as on the CPU, other values for the same seed."""
+    token = _DEVICE.set(device)
+    try:
+        yield
+    finally:
+        _DEVICE.reset(token)
 
 LAYOUTS = ("contiguous", "transposed", "strided", "offset")
 VALUES = ("normal", "large", "small", "mixed")
 
 
 def generator(seed: int) -> torch.Generator:
-    g = torch.Generator()
+    g = torch.Generator(device=_DEVICE.get())
     g.manual_seed(seed & 0x7FFF_FFFF_FFFF_FFFF)
     return g
 
 
 def values(shape: tuple[int, ...], kind: str, g: torch.Generator) -> torch.Tensor:
     """float64 values of one of the VALUES kinds."""
-    x = torch.randn(shape, generator=g, dtype=torch.float64)
+    x = torch.randn(shape, generator=g, dtype=torch.float64, device=g.device)
     if kind == "normal":
         return x
     if kind == "large":  # exercise overflow paths: x**3, exp(x - max)
@@ -30,7 +48,7 @@ def values(shape: tuple[int, ...], kind: str, g: torch.Generator) -> torch.Tenso
     if kind == "small":
         return x * 1e-3
     if kind == "mixed":  # heavy-tailed: mostly O(1), some up to 1e4
-        scale = torch.exp(torch.rand(shape, generator=g, dtype=torch.float64) * math.log(1e4))
+        scale = torch.exp(torch.rand(shape, generator=g, dtype=torch.float64, device=g.device) * math.log(1e4))
         return x * scale
     raise ValueError(f"unknown value kind {kind!r}")
 
@@ -46,12 +64,12 @@ def layout_view(data: torch.Tensor, layout: str) -> torch.Tensor:
         buf = data.transpose(-1, -2).contiguous()
         return buf.transpose(-1, -2)
     if layout == "strided":  # every other element of the last dim
-        buf = torch.zeros((*shape[:-1], 2 * shape[-1]), dtype=data.dtype)
+        buf = torch.zeros((*shape[:-1], 2 * shape[-1]), dtype=data.dtype, device=data.device)
         view = buf[..., ::2]
         view.copy_(data)
         return view
     if layout == "offset":  # starts one element into its storage
-        buf = torch.zeros(data.numel() + 1, dtype=data.dtype)
+        buf = torch.zeros(data.numel() + 1, dtype=data.dtype, device=data.device)
         view = buf[1:].view(shape)
         view.copy_(data)
         return view
@@ -59,7 +77,7 @@ def layout_view(data: torch.Tensor, layout: str) -> torch.Tensor:
 
 
 def make(shape, dtype: torch.dtype, g: torch.Generator, *, kind="normal", layout="contiguous"):
-    """Random tensor of ``dtype`` with a given value kind and memory layout (CPU)."""
+    """Random tensor of ``dtype`` with a given value kind and memory layout (on ``g``'s device)."""
     data = values(tuple(shape), kind, g).to(dtype)
     return layout_view(data, layout)
 

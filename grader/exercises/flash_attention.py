@@ -55,7 +55,7 @@ def attention64(q, k, v, causal: bool, scale: float) -> tuple[torch.Tensor, torc
     s = (q @ k.transpose(-1, -2)) * scale
     if causal:
         nq, nk = s.shape[-2:]
-        s = s.masked_fill(torch.ones(nq, nk, dtype=torch.bool).triu(1), float("-inf"))
+        s = s.masked_fill(torch.ones(nq, nk, dtype=torch.bool, device=s.device).triu(1), float("-inf"))
     return torch.softmax(s, dim=-1) @ v, torch.logsumexp(s, dim=-1)
 
 

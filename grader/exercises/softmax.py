@@ -22,7 +22,7 @@ def make_inputs(case: Case) -> dict:
     data = tensors.values(shape, case["values"], g)
     mask = case.get("mask", "none")
     if mask == "some":  # ~25% of positions masked, as in a padding or dropout mask
-        data[torch.rand(shape, generator=g, dtype=torch.float64) < 0.25] = float("-inf")
+        data[torch.rand(shape, generator=g, dtype=torch.float64, device=g.device) < 0.25] = float("-inf")
     elif mask == "prefix":  # a causal-style mask: the first half of each row masked
         data[..., : shape[-1] // 2] = float("-inf")
     elif mask == "all_first_row" and len(shape) > 0:  # torch gives NaN for a fully masked row

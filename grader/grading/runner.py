@@ -30,6 +30,7 @@ from grader.grading.results import (
     SpeedResult,
 )
 from grader.grading.slots import Slot
+from grader.speed import credit
 
 
 def grade_exercise(exercise: Exercise, root: Path, *, settings: RunSettings, scratch: Path,
@@ -55,6 +56,9 @@ def grade_exercise(exercise: Exercise, root: Path, *, settings: RunSettings, scr
         items = plan_mod.plan(exercise, device=settings.device, secret=settings.secret,
                               random_cases=settings.random_cases, speed_budget_s=settings.speed_budget_s, parts=parts)
         result.profile["plan"] = time.monotonic() - planned
+        timed = [p for p in selected if any(i.kind == "speed" and i.part is p for i in items)]
+        if timed and settings.device == "cuda":
+            credit.count_work_in_background(timed)  # CPU work overlapped with the worker's
         scratch.mkdir(parents=True, exist_ok=True)
         seen_root, seen_package = supervise.worker_view(settings, root)
         # the kernels' files as the worker reports them: under its view of the tree

@@ -9,8 +9,11 @@ achieved bandwidth and throughput against this GPU's roofline, and what usually 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
+import threading
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -31,8 +34,8 @@ MEMORY_HINTS = (
 )
 COMPUTE_HINTS = (
     "tiles too small for tl.dot: 64x64 or larger blocks keep the tensor cores busy",
-    "materialized scores: an intermediate (e.g. the NxN attention scores) goes through memory instead of staying "
-    "on-chip",
+    "materialized intermediates: a result the next step needs (in attention, the NxN scores) goes through memory "
+    "instead of staying on-chip",
     "tl.dot operands in fp32 instead of fp16/bf16, or products accumulated outside tl.dot",
     "no software pipelining (num_stages) or poor L2 reuse (grouped program order)",
 )
@@ -48,19 +51,36 @@ class Work:
 
 
 _WORK: dict[tuple[int, str], tuple[Part, Work]] = {}
+_WORK_LOCK = threading.Lock()  # one count at a time: a caller waits for a count under way instead of redoing it
 
 
 def benchmark_work(part: Part, bench: Benchmark) -> Work:
     """The benchmark's byte and FLOP counts, computed here from the spec (never taken from a worker);
     remembered per process, since building the inputs takes a while."""
     key = (id(part), bench.label)
-    known = _WORK.get(key)
-    if known is None or known[0] is not part:
-        inputs = cpu_inputs(part, bench.case)
-        work = Work(float(bench.bytes_moved(inputs)) if bench.bytes_moved else None,
-                    float(bench.flops(inputs)) if bench.flops else None, bench.case.get("dtype"))
-        known = _WORK[key] = (part, work)
-    return known[1]
+    with _WORK_LOCK:
+        known = _WORK.get(key)
+        if known is None or known[0] is not part:
+            inputs = cpu_inputs(part, bench.case)
+            work = Work(float(bench.bytes_moved(inputs)) if bench.bytes_moved else None,
+                        float(bench.flops(inputs)) if bench.flops else None, bench.case.get("dtype"))
+            known = _WORK[key] = (part, work)
+        return known[1]
+
+
+def count_work_in_background(parts: Iterable[Part]) -> threading.Thread:
+    """Count the benchmarks' work of ``parts`` in a thread while the worker runs, so that judging the speed
+    (after the timed runs) finds the counts ready. Errors are left for :func:`benchmark_work` to raise there."""
+
+    def count() -> None:
+        for part in parts:
+            for bench in part.benchmarks:
+                with contextlib.suppress(Exception):
+                    benchmark_work(part, bench)
+
+    thread = threading.Thread(target=count, name="count-benchmark-work", daemon=True)
+    thread.start()
+    return thread
 
 
 def load_thresholds(gpu_name: str | None = None) -> Thresholds | None:

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from grader.checks import tensors
 from grader.checks.cases import mixed_seed
 from grader.checks.execute import Execution, device_inputs, execute, student_traceback, type_summary
 from grader.checks.spec import Benchmark, Case, Inputs, Part
@@ -103,9 +104,15 @@ def cpu_inputs(part: Part, case: Case) -> Inputs:
     return inputs
 
 
-def input_sets(part: Part, bench: Benchmark, sets: int = 2) -> list[Inputs]:
-    """The benchmark's inputs for seeds ``case.seed, case.seed + 1, ...`` (CPU)."""
-    return [cpu_inputs(part, bench.case.with_seed(bench.case.seed + i)) for i in range(sets)]
+def input_sets(part: Part, bench: Benchmark, sets: int = 2, *, device: str = "cpu") -> list[Inputs]:
+    """The benchmark's inputs for seeds ``case.seed, case.seed + 1, ...``, on ``device``. A GPU draws them
+    itself (:func:`grader.checks.tensors.generated_on`): timing needs the sizes, layouts and distributions,
+    not the CPU's exact values, and the CPU takes seconds per set at benchmark size."""
+    seeds = [bench.case.with_seed(bench.case.seed + i) for i in range(sets)]
+    if device == "cpu":
+        return [cpu_inputs(part, case) for case in seeds]
+    with tensors.generated_on(device):
+        return [part.make_inputs(case) for case in seeds]
 
 
 def output_checker(part: Part, case: Case, device: str):
@@ -167,7 +174,9 @@ def measure_benchmark(
     candidates = [timing.Candidate(STUDENT, lambda inputs: part.call(module, inputs),
                                    output_checker(part, bench.case, device))]
     candidates += [timing.Candidate(name, part.baselines[name]) for name in baselines]
-    sources = [device_inputs(inputs, device) for inputs in input_sets(part, bench, sets)]
+    sources = input_sets(part, bench, sets, device=device)
+    if device == "cpu":
+        sources = [device_inputs(inputs, device) for inputs in sources]  # fresh copies of the remembered sets
     try:
         result = timing.measure(
             candidates, sources,
