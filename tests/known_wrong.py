@@ -183,3 +183,50 @@ def tree(fixture: Fixture) -> Path:
         _WORK.append(Path(tempfile.mkdtemp(prefix="fixtures-")))
         atexit.register(shutil.rmtree, _WORK[0], True)
     return materialize(fixture, _WORK[0] / fixture.exercise / fixture.name)
+
+
+CHEATING = TESTS / "cheating"  # whole submission trees: <name>/<exercise>/<module>.py
+
+
+def write_submissions(dest: Path, *, kinds: tuple[str, ...] = ("wrong", "slow", "cheating")) -> list[Path]:
+    """Every fixture of ``kinds`` as a submission folder ``dest/<kind>-<exercise>-<name>`` for ``grader grade``
+    (only its exercise is present; the others grade as not submitted)."""
+    written = []
+    for kind, fixtures in (("wrong", discover()), ("slow", slowed())):
+        if kind in kinds:
+            for fixture in fixtures:
+                folder = dest / f"{kind}-{fixture.exercise}-{fixture.name}"
+                if fixture.edits:
+                    materialize(fixture, folder)
+                else:
+                    shutil.copytree(fixture.source, folder, dirs_exist_ok=True)
+                written.append(folder)
+    if "cheating" in kinds:
+        for tree_ in sorted(p for p in CHEATING.iterdir() if p.is_dir()):
+            shutil.copytree(tree_, dest / f"cheating-{tree_.name}", dirs_exist_ok=True)
+            written.append(dest / f"cheating-{tree_.name}")
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m tests.known_wrong",
+                                     description="write the fixtures as submission folders, to grade them with "
+                                                 "`grader grade DEST/*` (e.g. on a GPU)")
+    parser.add_argument("dest", type=Path, help="folder to write (created)")
+    parser.add_argument("--kinds", default="wrong,slow,cheating",
+                        help="comma-separated: wrong (tests/fixtures), slow (tests/slow_fixtures), cheating "
+                             "(tests/cheating); default: all")
+    args = parser.parse_args(argv)
+    kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
+    unknown = set(kinds) - {"wrong", "slow", "cheating"}
+    if unknown:
+        parser.error(f"unknown kind(s): {', '.join(sorted(unknown))}")
+    for folder in write_submissions(args.dest, kinds=kinds):
+        print(folder)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -120,3 +120,17 @@ def test_a_fixture_tree_never_imports_the_grader_helpers():
     for fixture in FIXTURES:
         text = (loader.module_path(fixture.root, exercises.get(fixture.exercise))).read_text()
         assert "from grader" not in text and "import grader" not in text, fixture.id
+
+
+def test_fixtures_are_written_as_submission_folders(tmp_path):
+    """``python -m tests.known_wrong DEST`` (course staff grade the fixtures with ``grader grade DEST/*``)."""
+    from . import known_wrong
+
+    folders = known_wrong.write_submissions(tmp_path)
+    assert len(folders) == len(discover()) + len(known_wrong.slowed()) + len(list(known_wrong.CHEATING.iterdir()))
+    for folder in folders:
+        modules = [p for p in folder.rglob("*.py")]
+        assert len(modules) == 1, folder
+        exercise = exercises.get(modules[0].parent.name)
+        assert loader.module_path(folder, exercise) == modules[0]
+        assert len(folder.name) <= 64 and "." not in folder.name  # a valid student id
