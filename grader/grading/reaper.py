@@ -25,7 +25,13 @@ BATCH_VAR = "GRADER_BATCH"
 
 def holders(token: str) -> list[int]:
     """Processes (other than this one) whose environment holds ``BATCH_VAR=token``."""
-    needle = f"{BATCH_VAR}={token}".encode()
+    return env_holders(BATCH_VAR, token)
+
+
+def env_holders(name: str, value: str) -> list[int]:
+    """Processes (other than this one) whose environment holds ``name=value``: everything a process started
+    inherits it, even in a session of its own."""
+    needle = f"{name}={value}".encode()
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():

@@ -32,6 +32,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from grader.grading import reaper
+
 POLL_S = 0.1
 WAIT_S = 10.0  # for a killed process to be reaped (it only takes longer in uninterruptible sleep)
 DRAIN_S = 5.0  # for the output readers to reach the end of the pipes once the process is gone
@@ -366,18 +368,7 @@ def rss(pids: list[int]) -> int:
 
 
 def _token_holders(token: str) -> list[int]:
-    needle = f"{TOKEN_VAR}={token}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if needle in f.read().split(b"\0"):
-                    found.append(int(entry))
-        except OSError:
-            continue
-    return found
+    return reaper.env_holders(TOKEN_VAR, token)
 
 
 def kill_all(pgid: int, token: str) -> int:
