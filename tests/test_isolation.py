@@ -602,3 +602,21 @@ def test_the_sandbox_can_be_built_here():
     """One line in CI's log that says whether student code is sandboxed here (it fails there when it is not)."""
     box = require_sandbox()
     assert box.version >= (0, 5) and os.path.basename(box.bwrap) == "bwrap"
+
+
+def test_a_python_installed_under_tmp_is_seen_beside_the_scratch(tmp_path):
+    """The worker's scratch is mounted at /tmp: an interpreter that lives under the host's /tmp (a fresh clone's
+    .venv there) is mounted on top of it, not hidden by it."""
+    require_sandbox()
+    venv = Path(tmp_path if str(tmp_path).startswith("/tmp/") else shutil.mkdtemp(dir="/tmp")) / "venv"
+    try:
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+        import site
+
+        path = os.pathsep.join([str(REPO), *site.getsitepackages()])  # this test's grader and torch
+        code = "from grader.grading import isolation; print(repr(isolation.check('cpu').problem))"
+        done = subprocess.run([str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True,
+                              timeout=120, env={**os.environ, "PYTHONPATH": path})
+        assert done.returncode == 0 and done.stdout.strip() == "''", done.stdout + done.stderr
+    finally:
+        shutil.rmtree(venv, ignore_errors=True)

@@ -100,7 +100,9 @@ class Sandbox:
         if self.version >= (0, 8):  # the student cannot make user namespaces of its own (a large kernel surface)
             args.append("--disable-userns")
         args += ["--proc", "/proc", "--dev", "/dev"]
-        for bind in (*self.system, *binds):
+        # bwrap mounts in order, so a folder goes before what is mounted inside it: the scratch at /tmp before
+        # a virtual environment that lives under /tmp on the host
+        for bind in sorted((*self.system, *binds), key=lambda b: Path(b.dest).parts):
             args += bind.args()
         for name, value in env.items():
             args += ["--setenv", name, value]
