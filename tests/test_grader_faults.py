@@ -90,28 +90,17 @@ def test_regrade_needs_the_same_secret(tmp_path, capsys):
     assert cli.main(["grade", "--regrade-errors", str(out), "--secret", "right", *sandbox_args()]) == 0
 
 
-STRIDED_GELU = '''
-import torch
-import triton
-import triton.language as tl
+# The reference GeLU with its right values handed back as every other element of a larger buffer (stride 2,
+# also for one element).
+STRIDED_GELU = (REPO / "solutions" / "gelu" / "gelu.py").read_text() + '''
 
-
-@triton.jit
-def _gelu_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    x = tl.load(x_ptr + offs, mask=mask).to(tl.float32)
-    y = x / (1.0 + tl.exp(-1.5957691216057308 * (x + 0.044715 * x * x * x)))
-    tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+_dense_gelu = gelu
 
 
 def gelu(x):
-    xc = x.contiguous()
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    _gelu_kernel[(triton.cdiv(max(xc.numel(), 1), 1024),)](xc, y, xc.numel(), BLOCK=1024)
+    y = _dense_gelu(x)
     if x.dim() == 0:
         return y
-    # the right values, handed back as every other element of a larger buffer (stride 2, also for one element)
     out = torch.empty((*x.shape[:-1], 2 * x.shape[-1]), dtype=x.dtype, device=x.device)[..., ::2]
     out.copy_(y)
     return out
