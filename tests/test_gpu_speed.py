@@ -12,12 +12,13 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from grader import cli, exercises
 from grader.checks import loader, verdicts
 from grader.checks.spec import Exercise, Part
 from grader.grading import config
-from grader.speed import calibrate, credit, measure, thresholds
+from grader.speed import calibrate, credit, measure, thresholds, trusted
 
 from . import known_wrong
 
@@ -57,8 +58,11 @@ def _thresholds(exercise: Exercise, part: Part, shipped: thresholds.Thresholds |
 
 
 def _credit(part: Part, module, limits: thresholds.Thresholds, budget_s: float) -> credit.SpeedCredit:
-    """One speed grading of the part, as the grader does it (the recheck on fresh inputs is judged elsewhere)."""
-    measurement = measure.measure_part(part, module, device="cuda", budget_s=budget_s, recheck_inputs=None)
+    """One speed grading of the part, as the grader times it: the recorded kernels replayed (the recheck on
+    fresh inputs is judged elsewhere)."""
+    per_benchmark = budget_s / len(part.benchmarks)
+    rows = [trusted.measure_replayed(part, module, bench, budget_s=per_benchmark) for bench in part.benchmarks]
+    measurement = measure.SpeedMeasurement(torch.cuda.get_device_name(), rows)
     return credit.part_credit(part, measurement, recheck=verdicts.Verdict(True), thresholds=limits)
 
 
@@ -90,9 +94,14 @@ def test_a_result_cached_across_calls_is_caught():
     part = gelu.part("forward")
     reference = loader.load(SOLUTIONS, gelu, part.functions)
     cache: dict = {}
-    cheat = SimpleNamespace(gelu=lambda x: cache.setdefault(tuple(x.shape), reference.gelu(x)))
-    row = measure.measure_benchmark(part, cheat, part.benchmarks[0], device="cuda", budget_s=0.3)
-    assert row.error and "cached" in row.error
+    def gelu(x):
+        if tuple(x.shape) not in cache:
+            cache[tuple(x.shape)] = reference.gelu(x)
+        return cache[tuple(x.shape)]
+
+    cheat = SimpleNamespace(gelu=gelu)
+    row = trusted.measure_replayed(part, cheat, part.benchmarks[0], budget_s=0.3)
+    assert row.error and "launched no Triton kernel" in row.error
 
 
 @pytest.mark.gpu

@@ -81,7 +81,8 @@ def test_a_failing_example_says_what_all_the_examples_suggest(pytester: pytest.P
     # Count in the failure reports only: how much of each message the short summary repeats depends on the
     # terminal width, which differs between a console and CI.
     failures = out.split("short test summary info")[0]
-    assert failures.count("hint, from all the examples of forward: all 2 failing cases have a non-contiguous input") == 2
+    hint = "hint, from all the examples of forward: all 2 failing cases have a non-contiguous input"
+    assert failures.count(hint) == 2
 
 
 def test_missing_impl_directory_is_a_usage_error(pytester: pytest.Pytester):

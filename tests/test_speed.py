@@ -69,7 +69,8 @@ def _module(clock: FakeClock, ms: float, compute=lambda x: x * 2):
 
 
 def _measure(part, module, clock, **kw):
-    return measure.measure_benchmark(part, module, part.benchmarks[0], device="cpu", clock=clock,
+    return measure.measure_benchmark(part, measure.student_call(part, module), part.benchmarks[0], device="cpu",
+                                     clock=clock,
                                      rule=StopRule(min_rounds=5), warmup_ms=0, graph_below_ms=None, **kw)
 
 

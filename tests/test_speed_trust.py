@@ -185,12 +185,15 @@ def test_an_uncalibrated_gpu_or_a_drifting_baseline_waits_for_a_regrade(monkeypa
 
 
 def test_a_speed_measurement_travels_from_the_worker_to_the_judge(monkeypatch):
-    """The speed item's whole data path on a CPU: measure_part (a fake clock stands in for CUDA events), the
-    wire form through torch.save, and the grader's judge with calibrated thresholds."""
+    """The speed item's whole data path on a CPU: the worker's recorded plan and recheck, the wire form through
+    torch.save, the timer's rows (a fake clock stands in for CUDA events), and the grader's judge with calibrated
+    thresholds."""
     import io
 
+    from grader.checks.execute import execute
     from grader.checks.spec import Benchmark, Case, Exercise, Part, Tolerances
     from grader.speed import measure
+    from tests.plans import toy_plan
 
     clock = timing.FakeClock()
     case = Case({"n": 1024, "dtype": "float32"})
@@ -213,18 +216,22 @@ def test_a_speed_measurement_travels_from_the_worker_to_the_judge(monkeypatch):
                 speed_points=5)
     toy = Exercise("toy", "toy", "Toy", (part,))
     module = type("Module", (), {"double": staticmethod(lambda x: (clock.advance(0.5), x * 2)[1])})
-    monkeypatch.setattr(timing, "CudaClock", lambda: clock)
-    monkeypatch.setattr(measure, "timing", timing)
     item = next(it for it in plan.plan(toy, device="cuda", secret="s", random_cases=0, speed_budget_s=1.0)
                 if it.role == "speed")
-    measurement = measure.measure_part(part, module, device="cpu", budget_s=1.0, recheck_inputs=item.recheck_inputs())
-    measurement.gpu = H100
+    # what the worker sends: the recorded plan and the call on the secret fresh inputs
+    recheck = execute(part, module, item.recheck_inputs(), "cpu")
+    recorded = SpeedMeasurement(H100, [BenchmarkTiming("n1024", warmup_s=0.5)], recheck=recheck,
+                                plans={"n1024": toy_plan()})
     buf = io.BytesIO()
-    torch.save(protocol.encode(protocol.SpeedDone(item.id, measurement)), buf)
+    torch.save(protocol.encode(protocol.SpeedDone(item.id, recorded)), buf)
     buf.seek(0)
     reply = protocol.decode(torch.load(buf, weights_only=True))
-    assert reply.measurement.benchmarks == measurement.benchmarks and reply.measurement.tampered == []
-    assert torch.equal(reply.measurement.recheck.outputs["y"], measurement.recheck.outputs["y"])
+    assert reply.measurement.plans == recorded.plans and reply.measurement.tampered == []
+    assert torch.equal(reply.measurement.recheck.outputs["y"], recorded.recheck.outputs["y"])
+    # what the trusted timer makes of it: the timing engine's row for the replayed call
+    row = measure.measure_benchmark(part, measure.student_call(part, module), part.benchmarks[0], device="cpu",
+                                   clock=clock, budget_s=1.0)
+    reply.measurement.benchmarks = [row]
     thresholds = Thresholds(H100, {("toy", "forward", "n1024"): Threshold("torch", 0.5, 1.0, 1.5, 1.0)})
     monkeypatch.setattr(credit, "load_thresholds", lambda gpu=None: thresholds)
     judge = ExerciseJudge(toy, device="cpu", student_dir="/nowhere")  # the outputs are on the CPU here

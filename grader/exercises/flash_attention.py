@@ -468,6 +468,7 @@ def _sdpa(backend: str):
             o = F.scaled_dot_product_attention(q, k, v, is_causal=inputs["causal"], scale=inputs["scale"])
         if backward:
             o.backward(inputs["do"])
+            return {"o": o, "dq": q.grad, "dk": k.grad, "dv": v.grad}  # named as the part's outputs
         return o
 
     return run

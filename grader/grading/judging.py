@@ -42,7 +42,7 @@ from grader.grading.results import (
     SpeedResult,
 )
 from grader.grading.supervise import Run
-from grader.speed import credit, thresholds
+from grader.speed import credit, thresholds, trusted
 
 GRADER_FAULT = ("the grader failed while judging this check — a fault of the grader, not of your code; "
                 "it is not scored and will be regraded")
@@ -174,6 +174,8 @@ class ExerciseJudge:
             return SpeedResult("failed", f"speed measurement raised {reply.message}", 0.0)
         assert isinstance(reply, protocol.SpeedDone) and isinstance(request, protocol.RunSpeed)
         measurement = reply.measurement
+        if measurement.timer_fault:
+            raise RuntimeError(f"the trusted timer failed: {measurement.timer_fault}")
         for row in measurement.benchmarks:
             for step, seconds in (("speed: warm-up, compilation, autotuning", row.warmup_s),
                                   ("speed: timed rounds", row.timed_s)):
@@ -196,6 +198,10 @@ class ExerciseJudge:
             distrusted.append("the timing primitives were replaced while the student's code ran: "
                               + ", ".join(measurement.tampered[:8]))
             state.flag(integrity.Flag("timer-tampering", distrusted[-1]), scope="speed")
+        if measurement.mismatches:
+            distrusted.append("the student's kernels, replayed by the grader's timer, did not compute the function: "
+                              + "; ".join(measurement.mismatches[:3]))
+            state.flag(integrity.Flag(trusted.REPLAY_MISMATCH, distrusted[-1]), scope="speed")
         impossible = credit.impossible_times(part, measurement, limits)
         if impossible:
             distrusted.append("times faster than the GPU can physically go:\n  " + "\n  ".join(impossible))

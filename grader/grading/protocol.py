@@ -26,6 +26,7 @@ import torch
 
 from grader.checks.execute import ERROR_KINDS, BadInputOutcome, Execution
 from grader.speed.measure import BenchmarkTiming, SpeedMeasurement
+from grader.speed.plan import LaunchPlan, PlanError
 from grader.speed.timing import Stats
 
 Inputs = dict[str, Any]
@@ -228,7 +229,9 @@ def encode(message: Request | Reply) -> dict[str, Any]:
             return {"type": "speed_done", "id": message.id, "gpu": str(m.gpu),
                     "benchmarks": [plain_data(b.to_dict()) for b in m.benchmarks],
                     "recheck": None if m.recheck is None else _execution_data(m.recheck),
-                    "tampered": [str(t) for t in m.tampered]}
+                    "tampered": [str(t) for t in m.tampered],
+                    "plans": {str(label): plan.to_dict() if isinstance(plan, LaunchPlan)
+                              else {"not_replayable": str(plan)} for label, plan in m.plans.items()}}
         case NotImplementedYet():
             return {"type": "not_implemented", "id": message.id, "message": str(message.message)}
         case Raised():
@@ -251,6 +254,23 @@ def _get(data: dict, key: str, kind: type | tuple[type, ...], what: str) -> Any:
     if not isinstance(value, kinds):
         raise ProtocolError(f"{what}: {key!r} is not {' or '.join(k.__name__ for k in kinds)}")
     return value
+
+
+def _plans(value: Any, what: str) -> dict[str, LaunchPlan | str]:
+    """The recorded launch plans: a plan that is not well-formed is the student's ("not measurable"), not a
+    broken message."""
+    if not isinstance(value, dict):
+        raise ProtocolError(f"{what}: 'plans' is not a mapping")
+    plans: dict[str, LaunchPlan | str] = {}
+    for label, data in value.items():
+        if isinstance(data, dict) and isinstance(data.get("not_replayable"), str):
+            plans[str(label)] = data["not_replayable"]
+            continue
+        try:
+            plans[str(label)] = LaunchPlan.from_dict(data)
+        except PlanError as exc:
+            plans[str(label)] = f"the recorded launches are malformed: {exc}"
+    return plans
 
 
 def _str_list(value: Any, what: str) -> list[str]:
@@ -399,7 +419,8 @@ def decode(data: Any, *, extra_fields: dict[str, dict[str, Any]] | None = None) 
                 gpu=_get(data, "gpu", str, what),
                 benchmarks=[_benchmark(r, f"{what}: benchmark {i}") for i, r in enumerate(rows)],
                 recheck=None if recheck is None else _execution(recheck, f"{what}: recheck"),
-                tampered=_str_list(_get(data, "tampered", list, what), f"{what}: tampered")))
+                tampered=_str_list(_get(data, "tampered", list, what), f"{what}: tampered"),
+                plans=_plans(data.get("plans", {}), what)))
         case "not_implemented":
             return NotImplementedYet(_get(data, "id", str, what), _get(data, "message", str, what))
         case "raised":

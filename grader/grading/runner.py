@@ -16,7 +16,7 @@ from pathlib import Path
 from grader.checks import loader
 from grader.checks.spec import Exercise
 from grader.grading import plan as plan_mod
-from grader.grading import supervise
+from grader.grading import protocol, supervise, timer_process
 from grader.grading.config import RunSettings
 from grader.grading.judging import GRADER_FAULT, ExerciseJudge, grader_error
 from grader.grading.results import (
@@ -65,7 +65,8 @@ def grade_exercise(exercise: Exercise, root: Path, *, settings: RunSettings, scr
         student_dir = os.path.join(seen_root, exercise.name) if settings.sandbox else os.path.realpath(path.parent)
         judge = ExerciseJudge(exercise, device=settings.device, student_dir=student_dir, gpu_name=settings.gpu_name)
         run = supervise.run(exercise, root, items, settings, scratch=scratch, cache_dir=cache_dir,
-                            on_reply=judge.on_reply, gpu_lock=slot.lock if slot is not None else None)
+                            on_reply=judge.on_reply, gpu_lock=slot.lock if slot is not None else None,
+                            time_speed=_trusted_timer(exercise, settings, scratch))
         result.log = "\n".join(run.logs)
         result.problems = run.problems
         result.profile.update(run.profile)
@@ -85,6 +86,21 @@ def grade_exercise(exercise: Exercise, root: Path, *, settings: RunSettings, scr
     result.elapsed_s = time.monotonic() - start
     result.profile["total"] = result.elapsed_s
     return result
+
+
+def _trusted_timer(exercise, settings: RunSettings, scratch: Path):
+    """The speed items' recorded launches, timed by the trusted timer (:mod:`grader.grading.timer_process`)."""
+
+    def time_speed(item, reply: protocol.SpeedDone) -> protocol.SpeedDone:
+        measurement = reply.measurement
+        try:
+            measurement = timer_process.time_measurement(settings, exercise.name, item.part.name, measurement,
+                                                         budget_s=item.budget_s, scratch=scratch)
+        except Exception as exc:  # the grader's side failed (TimerFault or a bug): the speed waits for a regrade
+            measurement.timer_fault = f"{type(exc).__name__}: {exc}"
+        return protocol.SpeedDone(reply.id, measurement)
+
+    return time_speed
 
 
 def _unmeasured(part, settings: RunSettings) -> SpeedResult:

@@ -267,10 +267,13 @@ def _hold(gpu_lock: SharedExclusiveLock | None, item: Item | None) -> contextlib
 def run(exercise: Exercise, root: Path, items: list[Item], settings: RunSettings, *, scratch: Path,
         cache_dir: Path | None = None,
         on_reply: Callable[[Item, protocol.Request, protocol.ItemReply], None] | None = None,
-        gpu_lock: SharedExclusiveLock | None = None) -> Run:
+        gpu_lock: SharedExclusiveLock | None = None,
+        time_speed: Callable[[Item, protocol.SpeedDone], protocol.SpeedDone] | None = None) -> Run:
     """Run ``items`` (the skipped ones excepted) and return every reply, or why there is none. ``on_reply``
     sees each item's request and reply while the worker runs the next item. ``gpu_lock`` is held around
-    each item (see :func:`_hold`) when exercise runs share a GPU."""
+    each item (see :func:`_hold`) when exercise runs share a GPU. ``time_speed`` times a speed item's recorded
+    launches (the trusted timer) once every worker of the run has ended, holding the GPU alone; its reply is
+    what ``on_reply`` sees."""
     result = Run()
     deadline = time.monotonic() + settings.timeout_s
     extra_fields = {it.id: dict(x.fields) for it in items for x in it.part.extra_checks if x.name == it.role}
@@ -280,6 +283,7 @@ def run(exercise: Exercise, root: Path, items: list[Item], settings: RunSettings
     first_calls: set[str] = set()  # parts whose first call was made (it compiles: profiled apart)
     attempt = 0
     judge_next: list[tuple[Item, protocol.Request, protocol.ItemReply]] = []
+    to_time: list[tuple[Item, protocol.Request, protocol.SpeedDone]] = []  # after the workers, alone on the GPU
 
     def judge_pending() -> None:
         while judge_next:
@@ -356,7 +360,10 @@ def run(exercise: Exercise, root: Path, items: list[Item], settings: RunSettings
                 message = _not_implemented(reply)
                 if message is not None:
                     not_implemented.setdefault(item.part.missing_key, message)
-                judge_next.append((item, request, reply))
+                if time_speed is not None and isinstance(reply, protocol.SpeedDone):
+                    to_time.append((item, request, reply))
+                else:
+                    judge_next.append((item, request, reply))
             remaining = []
             outcome = worker.finish()
             result.logs.append(_log_text(outcome, attempt))
@@ -387,6 +394,13 @@ def run(exercise: Exercise, root: Path, items: list[Item], settings: RunSettings
                 attempt += 1
         finally:
             worker.stop()
+    judge_pending()
+    for item, request, reply in to_time:  # every process of the student's has ended: nothing runs beside the timer
+        with _hold(gpu_lock, item):
+            started = time.monotonic()
+            timed = time_speed(item, reply)
+            result.add_time("speed: trusted timer", time.monotonic() - started)
+        judge_next.append((item, request, timed))
     judge_pending()
     return result
 

@@ -3,8 +3,9 @@ CUDA only; on a CPU they are skipped with the reason.
 
 A speed test
 
-1. times the student's kernel against the part's speed baseline, interleaved (:mod:`grader.speed.measure`;
-   every timed output is re-checked) — the one timing, and what is graded;
+1. records the student's call once and times its kernels, replayed without the student's Python, against the
+   part's speed baseline, interleaved (:mod:`grader.speed.trusted`: the grader's own timing; every timed
+   output is re-checked and the replay is checked against the baseline) — the one timing, and what is graded;
 2. gives pytest-benchmark the student's samples of that measurement (replayed through its timer, with no
    second timing), so the usual table, ``--benchmark-json``, ``--benchmark-autosave`` and
    ``--benchmark-compare`` show the device time that was graded;
@@ -23,7 +24,7 @@ import pytest
 
 from grader.checks import verdicts
 from grader.checks.spec import Benchmark, Exercise, Part
-from grader.speed import credit, measure, thresholds, timing
+from grader.speed import credit, measure, thresholds, timing, trusted
 
 BUDGET_S = 2.0  # seconds of interleaved timing per benchmark (it usually converges sooner)
 
@@ -69,7 +70,7 @@ def speed_test(exercise: Exercise, part: Part):
             pytest.fail(str(exc), pytrace=False)
 
         samples: list[float] = []
-        row = measure.measure_benchmark(part, module, bench, device="cuda", budget_s=BUDGET_S, samples=samples)
+        row = trusted.measure_replayed(part, module, bench, budget_s=BUDGET_S, samples=samples)
         if row.error:
             pytest.fail(f"{exercise.name} {part.name} speed on {bench.label}: {row.error}", pytrace=False)
         timer.load(samples)

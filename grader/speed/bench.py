@@ -2,7 +2,8 @@
 
 For every benchmark size of every part (or ``--part``, ``--benchmark``), the student's kernel and all the
 part's baselines (PyTorch native, ``torch.compile``, SDPA / cuBLAS, a device copy: whatever the part declares)
-are timed side by side (:mod:`grader.speed.timing`: fresh inputs, L2 flushed, medians), and a table shows
+are timed side by side (:mod:`grader.speed.trusted`: the student's call is recorded once and its kernels are
+replayed without its Python, as the grader times them; fresh inputs, L2 flushed, medians), and a table shows
 time, spread, achieved GB/s and TFLOP/s, the percentage of the roofline (the time the measured copy
 bandwidth and matmul rate allow, over the time taken), the speed relative to the part's speed baseline,
 how many times faster yours is than each baseline, and the speed credit. ``--rounds N`` repeats each
@@ -13,6 +14,9 @@ SVG file or an HTML page.
 ``--leaderboard`` measures an exercise's leaderboard case; for ``flash_attention`` that is the CS336 one:
 1 × 16 heads, N = 16384, D = 64, causal, bf16, forward + backward, against SDPA's FlashAttention-2 and cuDNN
 backends, as the median of 5 rounds.
+
+``--in-process`` also times the student's call itself (Python, launches and all) in the same rounds, to
+compare the replayed time with the call's own.
 
 This is the course's lesson "kernel benchmarking and profiling", made runnable: a kernel far below
 the roofline is leaving bandwidth or tensor-core time on the table, and the table says which.
@@ -30,9 +34,10 @@ from typing import Any
 from grader import exercises
 from grader.checks import loader, runtime
 from grader.checks.spec import Benchmark, Exercise, Part
-from grader.speed import credit, measure, roofline, thresholds, timing
+from grader.speed import credit, measure, roofline, thresholds, timing, trusted
 
 YOURS = "yours"
+IN_PROCESS = "yours (in-process)"  # --in-process: the student's call itself, timed beside its replay
 PLOT_SUFFIXES = (".svg", ".html")
 
 
@@ -72,6 +77,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plot", default=None, metavar="FILE",
                         help="also draw the roofline chart: FILE.svg (an SVG image) or FILE.html (a page)")
     parser.add_argument("--json", default=None, metavar="FILE", help="also write the results as JSON")
+    parser.add_argument("--in-process", action="store_true",
+                        help=f"also time your call itself, Python and all, as {IN_PROCESS!r} in the same rounds "
+                             "(the grader times only your kernels, replayed)")
 
 
 def _parts(exercise: Exercise, name: str | None) -> list[Part]:
@@ -101,11 +109,14 @@ def combine_rounds(rows: list[measure.BenchmarkTiming]) -> measure.BenchmarkTimi
 
 
 def measure_part_table(exercise: Exercise, part: Part, module, *, baselines: list[str] | None, budget_s: float,
-                       benchmarks: list[Benchmark] | None = None, rounds: int = 1, log=print) -> dict[str, Any]:
+                       benchmarks: list[Benchmark] | None = None, rounds: int = 1, in_process: bool = False,
+                       log=print) -> dict[str, Any]:
     """The part's benchmarks: {"exercise", "part", "gpu", "roofline", "baseline", "rows", "rounds_ms"}; with
-    ``rounds`` > 1 every benchmark is measured that many times (``rounds_ms``: each candidate's medians)."""
+    ``rounds`` > 1 every benchmark is measured that many times (``rounds_ms``: each candidate's medians).
+    ``in_process``: the student's own call is timed too, as :data:`IN_PROCESS`."""
     import torch
 
+    extra = {IN_PROCESS: measure.student_call(part, module)} if in_process else None
     names = list(part.baselines) if baselines is None else [b for b in baselines if b in part.baselines]
     if part.speed_baseline and part.speed_baseline not in names:
         names.insert(0, part.speed_baseline)
@@ -120,13 +131,13 @@ def measure_part_table(exercise: Exercise, part: Part, module, *, baselines: lis
         for i in range(rounds):
             log(f"  {exercise.name} {part.name} {bench.label}" + (f" (round {i + 1} of {rounds})" if rounds > 1 else "")
                 + " ...")
-            row = measure.measure_benchmark(part, module, bench, device="cuda", budget_s=budget_s, baselines=names)
+            row = trusted.measure_replayed(part, module, bench, budget_s=budget_s, baselines=names, extra=extra)
             failed = row.failed_baseline
             while failed and failed != part.speed_baseline:  # an optional baseline broke: drop it, measure again
                 log(f"  dropping the baseline {failed!r}: {row.error.splitlines()[0]}")
                 names.remove(failed)
-                row = measure.measure_benchmark(part, module, bench, device="cuda", budget_s=budget_s,
-                                                baselines=names)
+                row = trusted.measure_replayed(part, module, bench, budget_s=budget_s, baselines=names,
+                                               extra=extra)
                 failed = row.failed_baseline
             measured.append(row)
             if row.error:
@@ -295,7 +306,7 @@ def run(args: argparse.Namespace) -> int:
     results = []
     for part in (p for p in parts if p.name in chosen):
         result = measure_part_table(exercise, part, module, baselines=baselines, budget_s=args.budget_s,
-                                    benchmarks=chosen[part.name], rounds=rounds or 1)
+                                    benchmarks=chosen[part.name], rounds=rounds or 1, in_process=args.in_process)
         if any(r.not_implemented for r in result["rows"]):
             print(f"grader bench: {' / '.join(part.functions)} is not implemented yet — see {exercise.handout}",
                   file=sys.stderr)

@@ -29,7 +29,7 @@ from typing import Any
 from grader import exercises
 from grader.checks import loader, runtime, verdicts
 from grader.checks.spec import Exercise, Part
-from grader.speed import measure, timing
+from grader.speed import measure, timing, trusted
 from grader.speed import thresholds as th
 
 # Holding the GPU busy before each timed call (grader.speed.timing) keeps the ratio's spread over repeats
@@ -80,6 +80,11 @@ def threshold_from_runs(baseline: str, runs: Sequence[Run], *, full_margin: floa
     )
 
 
+# How the thresholds' times were taken: the recorded kernels replayed without the solution's Python, as the
+# grader's trusted timer times a student (grader.speed.trusted).
+TIMING = "replay"
+
+
 def speed_parts(names: Iterable[str] = (), *, include_ungraded: bool = False) -> list[tuple[Exercise, Part]]:
     """Parts with benchmarks and a speed baseline: the speed-graded ones (``speed_points > 0``), or
     all of them with ``include_ungraded``."""
@@ -119,8 +124,8 @@ def calibrate(
         for bench in part.benchmarks:
             runs = []
             for _ in range(repeats):
-                row = measure.measure_benchmark(part, module, bench, device="cuda", budget_s=budget_s,
-                                                baselines=[part.speed_baseline])
+                row = trusted.measure_replayed(part, module, bench, budget_s=budget_s,
+                                               baselines=[part.speed_baseline])
                 if row.error:
                     raise SystemExit(f"grader calibrate: {exercise.name} {part.name} {bench.label}: {row.error}")
                 runs.append(Run(row.median(measure.STUDENT), row.median(part.speed_baseline)))
@@ -141,7 +146,7 @@ def calibrate(
         "torch": torch.__version__,
         "triton": triton.__version__,
         "calibration": {"full_margin": full_margin, "partial_margin": partial_margin, "repeats": repeats,
-                        "budget_s": budget_s},
+                        "budget_s": budget_s, "timing": TIMING},
     }
     result = th.Thresholds(torch.cuda.get_device_name(), entries, None, roof["copy_gbps"],
                            roof["matmul_tflops"], meta)

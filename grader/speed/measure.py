@@ -1,12 +1,14 @@
 """Measuring a part's speed: the half of speed grading that runs where the student's module is imported
 (the grader's worker, pytest, ``grader bench``, ``grader calibrate``).
 
-For every :class:`~grader.checks.spec.Benchmark` of a part, :func:`measure_benchmark` times the student's
-``part.call`` and the baselines interleaved (:mod:`grader.speed.timing`) and re-checks the output of every
-timed call. :func:`measure_part` does that for all benchmarks of a part and then calls the student's code
-once more on inputs it was handed (the grader draws them from a secret seed), so a result cached from
-the timed runs is caught. The outcome is a :class:`SpeedMeasurement` of plain data; the credit is computed
-from it by :mod:`grader.speed.credit`, which never imports student code.
+The student's Python is never timed. :func:`record_part` runs the student's call on each benchmark's inputs
+(compiling and autotuning its kernels), then once more while :mod:`grader.speed.recorder` records what the
+call launches, and returns those :class:`~grader.speed.plan.LaunchPlan` s in a :class:`SpeedMeasurement`; it
+then calls the student's code once more on inputs it was handed (the grader draws them from a secret seed),
+so that the result is checked at benchmark size. The trusted timer (:mod:`grader.speed.trusted`) times the
+plans. :func:`measure_benchmark` is the timing of one benchmark, interleaved with the baselines
+(:mod:`grader.speed.timing`), with every timed output re-checked; its student candidate is the replayed
+plan. The credit is computed from the result by :mod:`grader.speed.credit`, which never imports student code.
 
 On a CPU nothing is timed: the kernels run in the Triton interpreter, whose speed says nothing about the GPU.
 """
@@ -14,7 +16,9 @@ On a CPU nothing is timed: the kernels run in the Triton interpreter, whose spee
 from __future__ import annotations
 
 import json
+import time
 from collections import OrderedDict
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from types import ModuleType
 from typing import Any
@@ -26,6 +30,7 @@ from grader.checks.cases import mixed_seed
 from grader.checks.execute import Execution, device_inputs, execute, student_traceback, type_summary
 from grader.checks.spec import Benchmark, Case, Inputs, Part
 from grader.speed import timing
+from grader.speed.plan import LaunchPlan
 
 CPU_REASON = "speed tests need a CUDA GPU: kernels are running in the Triton interpreter"
 STUDENT = "student"  # the student's candidate in measurements
@@ -71,6 +76,9 @@ class SpeedMeasurement:
     benchmarks: list[BenchmarkTiming] = field(default_factory=list)
     recheck: Execution | None = None  # the call on fresh inputs after the timed runs (None: not reached)
     tampered: list[str] = field(default_factory=list)  # timing primitives replaced since the worker started
+    plans: dict[str, LaunchPlan | str] = field(default_factory=dict)  # label -> plan, or why it has none
+    mismatches: list[str] = field(default_factory=list)  # replays that did not compute the function
+    timer_fault: str | None = None  # the trusted timer failed on the grader's side (speed needs a regrade)
 
     @property
     def error(self) -> str | None:
@@ -148,9 +156,14 @@ def output_checker(part: Part, case: Case, device: str):
     return check_output
 
 
+def student_call(part: Part, module: ModuleType) -> Callable[[Inputs], Any]:
+    """The part's call of the student's API, as a function of the inputs."""
+    return lambda inputs: part.call(module, inputs)
+
+
 def measure_benchmark(
     part: Part,
-    module: ModuleType,
+    call: Callable[[Inputs], Any],
     bench: Benchmark,
     *,
     device: str,
@@ -162,18 +175,21 @@ def measure_benchmark(
     warmup_ms: float = 25.0,
     graph_below_ms: float | None = 0.02,
     samples: list[float] | None = None,
+    extra: Mapping[str, Callable[[Inputs], Any]] | None = None,
 ) -> BenchmarkTiming:
-    """Time the student's call and ``baselines`` (default: :func:`grading_baselines`) on one benchmark.
-    ``samples``, if given, receives the student's timed samples (ms), in round order."""
+    """Time ``call`` (the student's candidate: the replayed kernels, or the student's own call where a test
+    double stands in for the GPU) and ``baselines`` (default: :func:`grading_baselines`) on one benchmark.
+    ``samples``, if given, receives the student's timed samples (ms), in round order; ``extra`` names more
+    candidates to time in the same rounds (``grader bench --in-process``)."""
     baselines = grading_baselines(part) if baselines is None else list(baselines)
     unknown = [b for b in baselines if b not in part.baselines]
     if unknown:
         known = ", ".join(part.baselines)
         raise ValueError(f"part {part.name!r} declares no baseline {', '.join(unknown)} (has: {known})")
     row = BenchmarkTiming(bench.label)
-    candidates = [timing.Candidate(STUDENT, lambda inputs: part.call(module, inputs),
-                                   output_checker(part, bench.case, device))]
+    candidates = [timing.Candidate(STUDENT, call, output_checker(part, bench.case, device))]
     candidates += [timing.Candidate(name, part.baselines[name]) for name in baselines]
+    candidates += [timing.Candidate(name, fn) for name, fn in (extra or {}).items()]
     sources = input_sets(part, bench, sets, device=device)
     if device == "cpu":
         sources = [device_inputs(inputs, device) for inputs in sources]  # fresh copies of the remembered sets
@@ -217,21 +233,49 @@ def recheck_case(part: Part, secret_seed: int) -> Case:
     return bench.case.with_seed(mixed_seed(str(secret_seed), "speed-recheck", part.name, bench.label))
 
 
-def measure_part(part: Part, module: ModuleType, *, device: str, budget_s: float,
-                 recheck_inputs: Inputs | None) -> SpeedMeasurement:
-    """Measure every benchmark of ``part``, then call the student's code on ``recheck_inputs``.
-    ``budget_s`` is shared by the benchmarks' timing loops (warm-up, compilation and input building come
-    on top). Stops at the first benchmark that fails: its error already costs the credit."""
-    measurement = SpeedMeasurement(torch.cuda.get_device_name() if device == "cuda" else device)
-    per_benchmark = budget_s / max(1, len(part.benchmarks))
+def record_benchmark(part: Part, module: ModuleType, bench: Benchmark, *, warmup_calls: int = 2
+                     ) -> tuple[LaunchPlan | str, float]:
+    """Run the student's call on the benchmark's inputs ``warmup_calls`` times (compilation, autotuning), then
+    once more recording it. Returns the plan, or why there is none, and the seconds it took. The student's
+    exceptions propagate."""
+    from grader.speed import recorder  # here: the trusted timer imports this module, never the recorder
+
+    started = time.monotonic()
+    inputs = input_sets(part, bench, 1, device="cuda")[0]
+    call = student_call(part, module)
+    try:
+        for _ in range(warmup_calls):
+            call(timing.fresh_inputs(inputs))
+        torch.cuda.synchronize()
+        _, plan = recorder.record_call(call, timing.fresh_inputs(inputs))
+    except recorder.NotReplayable as exc:
+        return str(exc), time.monotonic() - started
+    finally:
+        del inputs
+        torch.cuda.empty_cache()
+    return plan, time.monotonic() - started
+
+
+def record_part(part: Part, module: ModuleType, *, recheck_inputs: Inputs | None) -> SpeedMeasurement:
+    """Record every benchmark of ``part`` (CUDA only), then call the student's code on ``recheck_inputs``.
+    Stops at the first benchmark whose call raises: its error already costs the credit."""
+    measurement = SpeedMeasurement(torch.cuda.get_device_name())
     try:
         for bench in part.benchmarks:
-            row = measure_benchmark(part, module, bench, device=device, budget_s=per_benchmark)
+            row = BenchmarkTiming(bench.label)
             measurement.benchmarks.append(row)
-            if row.error:
+            try:
+                recorded, row.warmup_s = record_benchmark(part, module, bench)
+            except NotImplementedError:
+                row.error = f"{' / '.join(part.functions)} is not implemented yet"
+                row.not_implemented = True
                 return measurement
+            except Exception as exc:
+                row.error = f"{part.functions[0]} raised {student_traceback(exc)}"
+                return measurement
+            measurement.plans[bench.label] = recorded
         if recheck_inputs is not None:
-            measurement.recheck = execute(part, module, recheck_inputs, device)
+            measurement.recheck = execute(part, module, recheck_inputs, "cuda")
         return measurement
     finally:
         measurement.tampered = timing.tampered()

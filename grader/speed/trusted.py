@@ -1,0 +1,166 @@
+"""Timing a recorded plan: the student's compiled kernels replayed (:mod:`grader.speed.replay`) and timed
+against the part's baselines by the timing engine (:mod:`grader.speed.timing`), where the student's Python
+never runs.
+
+:func:`time_plan` is the one way every face times a student's kernels: the grader's timer process
+(:mod:`grader.speed.timer`, sandboxed, started per student), ``pytest -m speed``, ``grader bench`` and
+``grader calibrate`` (these three record and replay in their own process: :func:`measure_replayed`).
+
+The replay proves it did the work. Before and after the timed rounds the replayed call runs once on
+inputs drawn from a seed of the timer's own, with its outputs and scratch filled with NaN first; the
+inputs are then drawn again from that seed (whatever the kernels did to memory) and the part's speed
+baseline computes the same function on them. An output that differs (a launch left out of the plan, a
+kernel that behaves differently when replayed, an element never written) gives no speed credit and a
+``replay-mismatch`` problem in the report.
+"""
+
+from __future__ import annotations
+
+import random
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from grader.checks import tensors
+from grader.checks.spec import Benchmark, Case, Part
+from grader.speed import measure
+from grader.speed import plan as plan_mod
+from grader.speed import replay as replay_mod
+
+# Relative L2 error of a replayed output against the speed baseline's output on the same inputs: far above
+# what two correct kernels differ by (bf16 rounding, TF32, summation order: ~1e-3), far below what a skipped
+# launch or a wrong kernel gives (~1).
+MISMATCH_RTOL = {torch.float32: 2e-2, torch.float64: 2e-2}
+MISMATCH_RTOL_16 = 5e-2
+REPLAY_MISMATCH = "replay-mismatch"
+
+
+@dataclass
+class Timed:
+    """One benchmark timed from its plan, and what the replay's validation found (no credit where set)."""
+
+    row: measure.BenchmarkTiming
+    mismatch: str | None = None
+
+
+def baseline_outputs(output: Any, names: list[str]) -> dict[str, torch.Tensor]:
+    """A baseline's result as named outputs: a dict as it is, a tensor as the part's first output, a
+    tuple/list as its outputs in order."""
+    if isinstance(output, Mapping):
+        return {str(k): v for k, v in output.items() if isinstance(v, torch.Tensor)}
+    if isinstance(output, torch.Tensor):
+        return {names[0]: output} if names else {}
+    if isinstance(output, tuple | list):
+        return {n: v for n, v in zip(names, output) if isinstance(v, torch.Tensor)}
+    return {}
+
+
+def compare(replayed: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor]) -> str | None:
+    """Why ``replayed`` is not the function ``expected`` computed (None: it is)."""
+    if not expected:
+        return "the speed baseline returned no output to compare with"
+    for name, want in expected.items():
+        got = replayed.get(name)
+        if got is None:
+            return f"the replayed call has no output {name!r}"
+        if tuple(got.shape) != tuple(want.shape):
+            return f"output {name!r} has shape {tuple(got.shape)}, the baseline's {tuple(want.shape)}"
+        g, w = got.detach().float(), want.detach().float()
+        bad = ~torch.isfinite(g) & torch.isfinite(w)
+        if bool(bad.any()):
+            return (f"output {name!r}: {int(bad.sum())} of {g.numel()} elements are NaN/inf (or never written) "
+                    "where the baseline's are finite")
+        ok = torch.isfinite(w)
+        err = float(torch.linalg.vector_norm((g - w)[ok])) / max(float(torch.linalg.vector_norm(w[ok])), 1e-30)
+        tol = MISMATCH_RTOL.get(want.dtype, MISMATCH_RTOL_16)
+        if err > tol:
+            return f"output {name!r} differs from the baseline's by {err:.3g} (relative L2; allowed {tol:g})"
+    return None
+
+
+def validate(part: Part, bench: Benchmark, replay: replay_mod.Replay, seed: int) -> str | None:
+    """Run the replay once on inputs drawn from ``seed`` and compare with the speed baseline (see the module
+    docstring); the reason it failed, or None."""
+    case = Case(dict(bench.case.params), seed)
+    with tensors.generated_on("cuda"):
+        inputs = part.make_inputs(case)
+    replay.poison = True
+    try:
+        replayed = {k: v.clone() for k, v in replay(inputs).items()}
+    finally:
+        replay.poison = False
+    torch.cuda.synchronize()
+    del inputs
+    with tensors.generated_on("cuda"):  # drawn again: nothing the kernels did to the first draw matters
+        inputs = part.make_inputs(case)
+    assert part.speed_baseline is not None
+    expected = baseline_outputs(part.baselines[part.speed_baseline](inputs), list(replayed))
+    torch.cuda.synchronize()
+    return compare(replayed, expected)
+
+
+def time_plan(part: Part, bench: Benchmark, plan: plan_mod.LaunchPlan, *, folder: Path, budget_s: float,
+              baselines: list[str] | None = None, samples: list[float] | None = None,
+              extra: Mapping[str, Callable[[Any], Any]] | None = None) -> Timed:
+    """Check ``plan``, replay it, validate it, and time it against ``baselines`` (default: the grading
+    baselines) and ``extra`` candidates on ``bench``."""
+    started = time.monotonic()
+    row = measure.BenchmarkTiming(bench.label)
+    sources = measure.input_sets(part, bench, 1, device="cuda")
+    input_bytes = {k: v.untyped_storage().nbytes() for k, v in sources[0].items() if isinstance(v, torch.Tensor)}
+    del sources
+    refused = plan_mod.problems(plan, input_bytes, output_names=tuple(plan.outputs))
+    if refused:
+        row.error = "not measurable: the recorded launches cannot be replayed safely: " + "; ".join(refused[:3])
+        return Timed(row)
+    try:
+        replay = replay_mod.Replay(plan, folder)
+    except replay_mod.ReplayError as exc:
+        row.error = f"not measurable: {exc}"
+        return Timed(row)
+    rng = random.SystemRandom()
+    try:
+        mismatch = validate(part, bench, replay, rng.getrandbits(62))
+        if mismatch is None:
+            row = measure.measure_benchmark(part, replay, bench, device="cuda", budget_s=budget_s,
+                                            baselines=baselines, samples=samples, extra=extra)
+            if not row.error:
+                mismatch = validate(part, bench, replay, rng.getrandbits(62))
+    except Exception as exc:  # a launch the driver refused, a kernel that faulted: the student's kernels
+        row.error = f"the replayed kernels failed: {type(exc).__name__}: {exc}"
+        return Timed(row)
+    if mismatch:
+        row.error = f"the replayed kernels did not compute the function: {mismatch}"
+        row.times = {}
+    row.warmup_s = time.monotonic() - started - row.timed_s
+    row.notes.append(f"timed by replaying {plan.summary()}")
+    return Timed(row, mismatch)
+
+
+def measure_replayed(part: Part, module: ModuleType, bench: Benchmark, *, budget_s: float,
+                     baselines: list[str] | None = None, samples: list[float] | None = None,
+                     extra: Mapping[str, Callable[[Any], Any]] | None = None) -> measure.BenchmarkTiming:
+    """Record the student's call and time its replay in this process: ``pytest -m speed``, ``grader bench`` and
+    ``grader calibrate`` (the grader times in a process of its own: :mod:`grader.speed.timer`)."""
+    try:
+        recorded, record_s = measure.record_benchmark(part, module, bench)
+    except NotImplementedError:
+        return measure.BenchmarkTiming(bench.label, error=f"{' / '.join(part.functions)} is not implemented yet",
+                                       not_implemented=True)
+    except Exception as exc:
+        from grader.checks.execute import student_traceback
+
+        return measure.BenchmarkTiming(bench.label, error=f"{part.functions[0]} raised {student_traceback(exc)}")
+    if isinstance(recorded, str):
+        return measure.BenchmarkTiming(bench.label, error=f"not measurable: {recorded}")
+    with tempfile.TemporaryDirectory(prefix="grader-replay-") as folder:
+        timed = time_plan(part, bench, recorded, folder=Path(folder), budget_s=budget_s, baselines=baselines,
+                          samples=samples, extra=extra)
+    timed.row.warmup_s += record_s
+    return timed.row

@@ -1,0 +1,48 @@
+"""Cheating: a GeLU that knows when its launches are being recorded for timing (Triton's launch path is
+patched then) and launches, for that call only, a kernel over half the tensor: fast and wrong. Every other call
+(the correctness checks) runs the right kernel twice."""
+
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _gelu_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask).to(tl.float32)
+    y = x / (1.0 + tl.exp(-1.5957691216057308 * (x + 0.044715 * x * x * x)))
+    tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def _launch(xc, y, n_elements):
+    _gelu_kernel[(triton.cdiv(max(n_elements, 1), 1024),)](xc, y, n_elements, BLOCK=1024)
+
+
+def gelu(x):
+    """Right, and twice as slow as it needs to be: the kernel runs twice over the whole tensor."""
+    xc = x.contiguous()
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    for _ in range(2):
+        _launch(xc, y, xc.numel())
+    return y
+
+
+_right_gelu = gelu
+
+
+def _recorded() -> bool:
+    from triton.compiler.compiler import CompiledKernel
+
+    return getattr(CompiledKernel.launch_metadata, "__qualname__", "") != "CompiledKernel.launch_metadata"
+
+
+def gelu(x):
+    if not _recorded():
+        return _right_gelu(x)
+    xc = x.contiguous()
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    _launch(xc, y, xc.numel() // 2)
+    return y

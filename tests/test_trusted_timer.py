@@ -1,0 +1,221 @@
+"""The trusted timer on a CPU: it shares nothing with the student's process, refuses every plan that would touch
+memory it does not own, tells a plan that cannot be replayed apart from a grader fault, and checks a replay's
+outputs against the baseline. (Recording and replaying kernels need a GPU: tests/test_gpu_trusted_timer.py.)"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from grader.grading import protocol, timer_process
+from grader.grading.config import RunSettings
+from grader.speed import plan as plan_mod
+from grader.speed import timer, trusted
+from grader.speed.measure import BenchmarkTiming, SpeedMeasurement
+from grader.speed.plan import Arg, Buffer, LaunchPlan, Step, View
+from tests.plans import toy_plan
+
+INPUTS = {"x": 4096}  # the toy plan's input: 1024 float32
+
+
+def _settings(tmp_path, **changes) -> RunSettings:
+    settings = RunSettings(device="cuda", secret="", random_cases=0, timeout_s=60.0, call_timeout_s=30.0,
+                           memory_mb=None, speed_budget_s=1.0, workdir=tmp_path)
+    return dataclasses.replace(settings, **changes)
+
+
+def _problems(plan: LaunchPlan) -> list[str]:
+    return plan_mod.problems(plan, INPUTS, output_names=("y",))
+
+
+def _with_launch(plan: LaunchPlan, **changes) -> LaunchPlan:
+    return dataclasses.replace(plan, steps=[dataclasses.replace(plan.steps[0], **changes)])
+
+
+def _with_arg(plan: LaunchPlan, index: int, arg: Arg) -> LaunchPlan:
+    args = list(plan.steps[0].args)
+    args[index] = arg
+    return _with_launch(plan, args=tuple(args))
+
+
+# ------------------------------------------------------------------------------------------ the process boundary
+
+
+def test_the_timer_imports_nothing_that_imports_student_code():
+    """The timer's whole import closure, in a fresh interpreter: no loader, no worker, no recorder, no grading."""
+    code = ("import sys, grader.speed.timer, grader.speed.trusted, grader.exercises; "
+            "print('\\n'.join(f'{n} {getattr(m, \"__file__\", None)}' for n, m in sorted(sys.modules.items())))")
+    lines = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
+    modules = dict(line.split(" ", 1) for line in lines)
+    assert "grader.speed.timer" in modules and "grader.speed.replay" in modules
+    for forbidden in ("grader.checks.loader", "grader.grading.worker", "grader.speed.recorder", "grader.grading",
+                      "grader.pytest_plugin"):
+        assert forbidden not in modules, f"the timer imports {forbidden}"
+    repo = Path(__file__).resolve().parents[1]
+    students = [str(repo / folder) for folder in ("assignments", "solutions", "tests")]
+    assert not [n for n, f in modules.items() if f.startswith(tuple(students))], "the timer imports student code"
+
+
+def test_the_timers_sandbox_shows_it_no_submission(tmp_path, monkeypatch):
+    """The timer's bubblewrap command binds the grader package and its own scratch, nothing of the student's."""
+    from grader.grading import isolation
+
+    seen = {}
+
+    class Box:
+        def command(self, argv, *, binds, env, cwd):
+            seen["binds"], seen["argv"] = list(binds), list(argv)
+            return ["true"]
+
+    settings = _settings(tmp_path, sandbox=Box())
+    with pytest.raises(timer_process.TimerFault, match="before replaying anything"):
+        timer_process.time_measurement(settings, "gelu", "forward", SpeedMeasurement(
+            "GPU", [BenchmarkTiming("fp32-4096x8192")], plans={"fp32-4096x8192": toy_plan()}), budget_s=1.0,
+            scratch=tmp_path / "scratch")
+    dests = {b.dest for b in seen["binds"]}
+    assert dests == {isolation.PACKAGE, isolation.SCRATCH}
+    assert isolation.SUBMISSION not in dests and isolation.TRITON_CACHE not in dests
+    assert "grader.speed.timer" in " ".join(seen["argv"])
+
+
+def test_a_timer_that_dies_before_any_replay_is_the_graders_fault_and_after_one_the_students(tmp_path, monkeypatch):
+    settings = _settings(tmp_path)
+    measurement = SpeedMeasurement("GPU", [BenchmarkTiming("fp32-4096x8192")], plans={"fp32-4096x8192": toy_plan()})
+    monkeypatch.setattr(timer_process, "_BOOT", "import sys; sys.exit(3)")
+    with pytest.raises(timer_process.TimerFault, match=r"before replaying anything \(exit 3\)"):
+        timer_process.time_measurement(settings, "gelu", "forward", measurement, budget_s=1.0, scratch=tmp_path)
+    # a timer that started replaying the student's kernels and then crashed: the student's benchmark fails
+    boot = (f"import sys, pathlib; p = pathlib.Path(sys.argv[-1]).parent / {timer.PROGRESS!r}; "
+            "p.write_text('fp32-4096x8192\\n'); import os; os.abort()")
+    monkeypatch.setattr(timer_process, "_BOOT", boot)
+    timed = timer_process.time_measurement(settings, "gelu", "forward", measurement, budget_s=1.0, scratch=tmp_path)
+    assert timed.benchmarks[0].error.startswith("the replayed kernels crashed the timer")
+
+
+def test_a_call_that_cannot_be_replayed_is_not_measurable_without_starting_a_timer(tmp_path):
+    measurement = SpeedMeasurement("GPU", [BenchmarkTiming("fp32-4096x8192")],
+                                   plans={"fp32-4096x8192": "the call runs the PyTorch op aten.exp"})
+    timed = timer_process.time_measurement(_settings(tmp_path), "gelu", "forward",
+                                           measurement, budget_s=1.0, scratch=tmp_path)
+    assert timed.benchmarks[0].error == "not measurable: the call runs the PyTorch op aten.exp"
+    assert not list(tmp_path.iterdir())  # no timer was started
+
+
+def test_a_malformed_job_is_reported_by_the_timer(tmp_path):
+    (tmp_path / "job.json").write_text(json.dumps({"exercise": "gelu", "part": "forward", "budget_s": 1.0,
+                                                   "plans": {"x": {"kernels": "nope"}}}))
+    assert timer.main([str(tmp_path / "job.json"), str(tmp_path / "result.json")]) == 0
+    result = timer.TimerResult.from_dict(json.loads((tmp_path / "result.json").read_text()))
+    assert result.error and "malformed" in result.error
+
+
+# ------------------------------------------------------------------------------------------ plans
+
+
+def test_a_plan_survives_the_wire_and_a_forged_one_becomes_not_measurable():
+    plan = toy_plan()
+    assert LaunchPlan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan
+    reply = protocol.SpeedDone("s", SpeedMeasurement("GPU", plans={"a": plan, "b": "why not", "c": toy_plan()}))
+    data = protocol.encode(reply)
+    data["plans"]["c"]["steps"] = "not steps"
+    decoded = protocol.decode(data).measurement.plans
+    assert decoded["a"] == plan and decoded["b"] == "why not"
+    assert decoded["c"].startswith("the recorded launches are malformed")
+
+
+def test_a_recorded_plan_is_replayable():
+    assert _problems(toy_plan()) == []
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda p: _with_arg(p, 1, Arg("tensor", View(1, 8, "float32", (1024,), (1,)))), "outside it"),
+    (lambda p: _with_arg(p, 0, Arg("tensor", View(0, 0, "float32", (1024,), (-1,)))), "outside it"),
+    (lambda p: _with_arg(p, 0, Arg("tensor", View(0, 0, "float32", (2, 1024), (2048, 1)))), "outside it"),
+    (lambda p: _with_arg(p, 0, Arg("tensor", View(7, 0, "float32", (4,), (1,)))), "buffer 7 does not exist"),
+    (lambda p: _with_arg(p, 0, Arg("scalar", value=12345678)), "is a pointer"),
+    (lambda p: _with_arg(p, 2, Arg("tensor", View(0, 0, "float32", (4,), (1,)))), "i32 scalar"),
+    (lambda p: _with_launch(p, grid=(0, 1, 1)), "grid"),
+    (lambda p: _with_launch(p, kernel=3), "kernel 3 does not exist"),
+    (lambda p: _with_launch(p, args=p.steps[0].args[:2]), "takes 4 arguments"),
+    (lambda p: dataclasses.replace(p, buffers=[Buffer("input", 4096, "w"), p.buffers[1]]), "input 'w'"),
+    (lambda p: dataclasses.replace(p, buffers=[Buffer("input", 8192, "x"), p.buffers[1]]), "has 8192 bytes"),
+    (lambda p: dataclasses.replace(p, buffers=[p.buffers[0], Buffer("output", 1 << 40)]), "MiB of outputs"),
+    (lambda p: dataclasses.replace(p, steps=p.steps * (plan_mod.MAX_STEPS + 1)), None),
+    (lambda p: dataclasses.replace(p, steps=[Step("wait", 1, event=0), *p.steps]), "no earlier step records"),
+    (lambda p: dataclasses.replace(p, steps=[Step("syscall"), *p.steps]), "not a step the timer replays"),
+    (lambda p: dataclasses.replace(p, outputs={"y": View(0, 0, "float32", (1024,), (1,))}), "not in an output"),
+    (lambda p: dataclasses.replace(p, kernels=[dataclasses.replace(
+        p.kernels[0], signature={**p.kernels[0].signature, "n": 'i32"); system("id'})]), "type the timer"),
+    (lambda p: dataclasses.replace(p, kernels=[dataclasses.replace(p.kernels[0], name="k(); evil")]),
+     "malformed name"),
+])
+def test_a_plan_that_would_touch_memory_it_does_not_own_is_refused(change, message):
+    plan = change(toy_plan())
+    if message is None:  # too many steps: refused when read
+        with pytest.raises(plan_mod.PlanError, match="at most"):
+            LaunchPlan.from_dict(plan.to_dict())
+        return
+    found = _problems(plan)
+    assert any(message in p for p in found), found
+
+
+def test_a_descriptor_that_reaches_past_its_buffer_is_refused():
+    base = View(0, 0, "float32", (32, 32), (32, 1))
+    plan = toy_plan()
+    kernel = dataclasses.replace(plan.kernels[0], signature={"x_desc": "tensordesc<fp32[16, 16]>", "y_ptr": "*fp32",
+                                                              "n": "i32", "BLOCK": "constexpr"})
+    ok = Arg("descriptor", base, shape=(32, 32), strides=(32, 1), block_shape=(16, 16))
+    plan = dataclasses.replace(plan, kernels=[kernel])
+    assert _problems(_with_arg(plan, 0, ok)) == []
+    too_far = dataclasses.replace(ok, shape=(64, 32))
+    assert any("descriptor extent" in p for p in _problems(_with_arg(plan, 0, too_far)))
+
+
+# ------------------------------------------------------------------------------------------ validation
+
+
+def test_the_replay_check_tells_a_right_output_from_a_wrong_or_unwritten_one():
+    want = {"y": torch.randn(64, 64)}
+    assert trusted.compare({"y": want["y"] + 1e-4 * torch.randn(64, 64)}, want) is None
+    half = want["y"].clone()
+    half[32:] = 0
+    assert "differs from the baseline's" in trusted.compare({"y": half}, want)
+    unwritten = want["y"].clone()
+    unwritten[5, 5] = float("nan")
+    assert "1 of 4096 elements are NaN" in trusted.compare({"y": unwritten}, want)
+    assert "has no output 'y'" in trusted.compare({}, want)
+    assert "shape" in trusted.compare({"y": want["y"][:10]}, want)
+
+
+def test_a_baselines_result_is_named_like_the_parts_outputs():
+    t = torch.ones(2)
+    assert trusted.baseline_outputs(t, ["y"]) == {"y": t}
+    assert trusted.baseline_outputs((t, t), ["dx", "dw"]).keys() == {"dx", "dw"}
+    assert trusted.baseline_outputs({"o": t, "n": 3}, ["o"]) == {"o": t}
+
+
+def test_a_mismatch_costs_the_speed_credit_with_a_flag(monkeypatch):
+    from tests.test_speed_trust import _judge_speed, _measurement, _thresholds
+
+    measurement = _measurement(0.094, 0.0937)
+    measurement.mismatches = ["fp32-4096x8192: output 'y': 524288 of 33554432 elements are NaN/inf"]
+    _, state = _judge_speed(measurement, monkeypatch, _thresholds())
+    assert state.speed.fraction == 0.0 and state.speed.status == "flagged"
+    assert state.flags[trusted.REPLAY_MISMATCH]["scope"] == "speed"
+    assert "did not compute the function" in state.speed.message
+
+
+def test_a_timer_fault_makes_the_speed_wait_for_a_regrade(monkeypatch):
+    from tests.test_speed_trust import _judge_speed, _measurement, _thresholds
+
+    measurement = _measurement(0.094, 0.0937)
+    measurement.timer_fault = "TimerFault: the timer ended before replaying anything"
+    _, state = _judge_speed(measurement, monkeypatch, _thresholds())
+    assert state.speed.status == "needs regrade" and state.errors
+
