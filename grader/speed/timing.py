@@ -35,12 +35,12 @@ Everything device-specific sits behind :class:`Clock`; :class:`FakeClock` is a d
 stand-in that the unit tests use to exercise the statistics, the stopping rule and the interleaving
 on a CPU.
 
-Where the student's code runs in the same process (the grader's worker), it could replace the timers.
-:func:`capture_primitives` records, before any student module is imported, every callable that
-timing goes through (CUDA events, synchronization, ``time.perf_counter``, ``do_bench``, this module's
-own functions, the statistics); :class:`CudaClock` uses the captured objects, and :func:`tampered`
-names whatever was replaced or rewritten since. The grader turns a non-empty answer into an integrity
-flag, and checks every time against the GPU's physical limits in its own process
+The grader never times in the process that imported the student's module: its trusted timer replays the
+student's recorded kernels (:mod:`grader.speed.trusted`). In the student's worker, :func:`capture_primitives`
+still records, before any student module is imported, every callable that timing goes through (CUDA events,
+synchronization, ``time.perf_counter``, ``do_bench``, this module's own functions, the statistics), and
+:func:`tampered` names whatever was replaced or rewritten since: the grader turns a non-empty answer into the
+integrity flag ``timer-tampering``, and checks every time against the GPU's physical limits in its own process
 (:mod:`grader.speed.limits`).
 """
 
