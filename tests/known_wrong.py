@@ -1,5 +1,5 @@
-"""Fixture implementations: known-wrong ones (``tests/fixtures``) and slowed but correct ones
-(``tests/slow_fixtures``), and what each must show.
+"""Fixture implementations: known-wrong ones (``tests/fixtures``), slowed but correct ones
+(``tests/slow_fixtures``) and forgeries of the speed measurement (``tests/cheating``), and what each must show.
 
 A fixture is either
 
@@ -185,14 +185,18 @@ def tree(fixture: Fixture) -> Path:
     return materialize(fixture, _WORK[0] / fixture.exercise / fixture.name)
 
 
-CHEATING = TESTS / "cheating"  # whole submission trees: <name>/<exercise>/<module>.py
+CHEATING = TESTS / "cheating"  # forgeries of the speed measurement, laid out as tests/fixtures
+
+
+def cheats() -> list[Fixture]:
+    return discover(CHEATING)
 
 
 def write_submissions(dest: Path, *, kinds: tuple[str, ...] = ("wrong", "slow", "cheating")) -> list[Path]:
     """Every fixture of ``kinds`` as a submission folder ``dest/<kind>-<exercise>-<name>`` for ``grader grade``
     (only its exercise is present; the others grade as not submitted)."""
     written = []
-    for kind, fixtures in (("wrong", discover()), ("slow", slowed())):
+    for kind, fixtures in (("wrong", discover()), ("slow", slowed()), ("cheating", cheats())):
         if kind in kinds:
             for fixture in fixtures:
                 folder = dest / f"{kind}-{fixture.exercise}-{fixture.name}"
@@ -201,10 +205,6 @@ def write_submissions(dest: Path, *, kinds: tuple[str, ...] = ("wrong", "slow", 
                 else:
                     shutil.copytree(fixture.source, folder, dirs_exist_ok=True)
                 written.append(folder)
-    if "cheating" in kinds:
-        for tree_ in sorted(p for p in CHEATING.iterdir() if p.is_dir()):
-            shutil.copytree(tree_, dest / f"cheating-{tree_.name}", dirs_exist_ok=True)
-            written.append(dest / f"cheating-{tree_.name}")
     return written
 
 

@@ -63,9 +63,9 @@ def _speed(out: Path, student: str) -> tuple[float, list[str], str]:
 @pytest.mark.gpu
 def test_no_cheat_earns_more_speed_credit_than_its_honest_twin(tmp_path, capsys):
     folders = []
-    for tree in sorted(p for p in known_wrong.CHEATING.iterdir() if p.is_dir()):
-        shutil.copytree(tree, tmp_path / tree.name)
-        folders.append(str(tmp_path / tree.name))
+    for fixture in known_wrong.cheats():
+        shutil.copytree(known_wrong.tree_or_fail(fixture), tmp_path / fixture.name)
+        folders.append(str(tmp_path / fixture.name))
     unsandboxed = isolation.check("cuda").sandbox is None
     options = config.GradeOptions(exercises=("gelu",), random_cases=0, secret="cheats", unsandboxed=unsandboxed)
     out = tmp_path / "out"

@@ -127,7 +127,7 @@ def test_fixtures_are_written_as_submission_folders(tmp_path):
     from . import known_wrong
 
     folders = known_wrong.write_submissions(tmp_path)
-    assert len(folders) == len(discover()) + len(known_wrong.slowed()) + len(list(known_wrong.CHEATING.iterdir()))
+    assert len(folders) == len(discover()) + len(known_wrong.slowed()) + len(known_wrong.cheats())
     for folder in folders:
         modules = [p for p in folder.rglob("*.py")]
         assert len(modules) == 1, folder

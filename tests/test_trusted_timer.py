@@ -219,3 +219,27 @@ def test_a_timer_fault_makes_the_speed_wait_for_a_regrade(monkeypatch):
     _, state = _judge_speed(measurement, monkeypatch, _thresholds())
     assert state.speed.status == "needs regrade" and state.errors
 
+
+
+def test_every_cheat_is_a_right_gelu_where_nothing_is_timed(tmp_path):
+    """The forgeries of tests/cheating are graded on the GPU against their honest twin (test_gpu_trusted_timer.py);
+    that comparison means something only if each is a right GeLU: graded here, sandboxed, every check passes."""
+    import json
+
+    from grader.grading import config
+    from grader.grading import grade as grade_cmd
+    from grader.grading.results import PASSED, ExerciseResult
+    from tests import known_wrong
+
+    folders = []
+    for fixture in known_wrong.cheats():
+        folders.append(str(known_wrong.materialize(fixture, tmp_path / fixture.name) if fixture.edits
+                           else known_wrong.tree_or_fail(fixture)))
+    assert len(folders) >= 7
+    options = config.GradeOptions(exercises=("gelu",), random_cases=2, secret="cheats", jobs=2)
+    grade_cmd.grade(folders, out=tmp_path / "out", options=options)
+    for folder in folders:
+        state = tmp_path / "out" / "students" / Path(folder).name / "state" / "gelu.json"
+        part = ExerciseResult.from_dict(json.loads(state.read_text())).parts[0]
+        failed = [c.message for c in part.checks if c.status != PASSED]
+        assert part.checks and not failed and not part.flags, f"{folder}: {failed} {part.flags}"
