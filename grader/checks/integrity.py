@@ -90,21 +90,22 @@ class _OpRecorder(TorchDispatchMode):
 
     def _record_allocations(self, out, inputs) -> None:
         """A view or in-place result shares an argument's storage; anything else is a new allocation."""
-        seen = {t.untyped_storage().data_ptr() for t in _tensors(inputs)}
-        for t in _tensors(out if isinstance(out, tuple | list) else [out]):
+        seen = {t.untyped_storage().data_ptr() for t in tensors_in(inputs)}
+        for t in tensors_in(out if isinstance(out, tuple | list) else [out]):
             if t.device.type != "meta":
                 storage = t.untyped_storage()
                 if storage.data_ptr() not in seen:
                     self.observation.allocations.setdefault(storage.data_ptr(), storage.nbytes())
 
 
-def _tensors(values) -> list[torch.Tensor]:
+def tensors_in(values) -> list[torch.Tensor]:
+    """The tensors among ``values``, looking inside tuples and lists."""
     found = []
     for v in values:
         if isinstance(v, torch.Tensor):
             found.append(v)
         elif isinstance(v, tuple | list):
-            found.extend(_tensors(v))
+            found.extend(tensors_in(v))
     return found
 
 

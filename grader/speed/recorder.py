@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from grader.checks.integrity import tensors_in
 from grader.speed.plan import Arg, Buffer, KernelImage, LaunchPlan, Step, View
 
 # Views, allocations and metadata queries: no data moves, nothing to replay.
@@ -142,8 +143,8 @@ class _Recording:
 
     def op(self, name: str, args: tuple, kwargs: dict, out: Any) -> None:
         current = self.stream(torch.cuda.current_stream().cuda_stream)
-        given = {t.untyped_storage().data_ptr() for t in _tensors([*args, *kwargs.values()])}
-        for t in _tensors(out if isinstance(out, tuple | list) else [out]):
+        given = {t.untyped_storage().data_ptr() for t in tensors_in([*args, *kwargs.values()])}
+        for t in tensors_in(out if isinstance(out, tuple | list) else [out]):
             if t.device.type == "cuda" and t.untyped_storage().nbytes() and t.untyped_storage().data_ptr() not in given:
                 self.allocated(t)
         if name in _NOTHING:
@@ -190,16 +191,6 @@ class _Recording:
         if number is None:
             raise NotReplayable("a stream waits for a CUDA event recorded before the call")
         self.plan.steps.append(Step("wait", self.stream(stream.cuda_stream), event=number))
-
-
-def _tensors(values) -> list[torch.Tensor]:
-    found = []
-    for v in values:
-        if isinstance(v, torch.Tensor):
-            found.append(v)
-        elif isinstance(v, tuple | list):
-            found.extend(_tensors(v))
-    return found
 
 
 def _broadcast(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
