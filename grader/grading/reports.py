@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from grader.grading import store
-from grader.grading.results import ExerciseResult
+from grader.grading.results import ExerciseResult, ungradable
 from grader.grading.scoring import LINE_REGRADE, ExerciseScore, round_points
 from grader.speed import roofline
 
@@ -44,6 +44,11 @@ class StudentReport:
     elapsed_s: float = 0.0
     started: str = field(default_factory=lambda: time.strftime("%Y-%m-%d %H:%M:%S"))
     sandbox: str = ""  # where the student's code ran: "in a bubblewrap 0.8.0 sandbox", or WITHOUT one
+
+    @property
+    def ungradable(self) -> str | None:
+        """Why nothing of this submission was graded (unreadable, or no exercise module), or None."""
+        return ungradable(self.problems, [r for _, r in self.exercises])
 
     @property
     def graded_with(self) -> str:

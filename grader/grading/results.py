@@ -24,6 +24,23 @@ PASSED, FAILED, SKIPPED, GRADER_ERROR = "passed", "failed", "skipped", "grader e
 GRADED, NOT_IMPLEMENTED, NOT_SUBMITTED, ERROR, NEEDS_REGRADE = (
     "graded", "not implemented", "not submitted", "error", "needs regrade")
 
+UNREADABLE = "the submission could not be read: "  # an exercise result's message when nothing could be read
+
+
+def ungradable(problems: list[str], results: list[ExerciseResult]) -> str | None:
+    """Why nothing of a submission was graded, in one line: it could not be read, or it holds no exercise module
+    of those being graded. None when at least one exercise was there to grade."""
+    if not results or any(r.status not in (NOT_SUBMITTED, ERROR) for r in results):
+        return None
+    unreadable = [r for r in results if r.status == ERROR and r.message.startswith(UNREADABLE)]
+    if len(unreadable) + sum(r.status == NOT_SUBMITTED for r in results) != len(results):
+        return None  # an exercise that was there and failed: graded
+    if problems:
+        return "; ".join(p.splitlines()[0] for p in problems)
+    return ("nothing to grade: no module of " + ", ".join(r.exercise for r in results)
+            + " (expected files like <exercise>/<exercise>.py)")
+
+
 CORRECTNESS_ROLES = ("example", "random", "bad_input")
 INTEGRITY_ROLES = ("integrity", "fresh")
 

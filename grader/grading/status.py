@@ -8,6 +8,8 @@
 * **queued** — its Slurm array task has not started yet;
 * **missing** — never started.
 
+Submissions of which nothing could be graded (unreadable, or no exercise module) are named with the reason.
+
 Running the same ``grader grade`` command again grades everything but "done" (and "running", which it
 refuses to grade twice).
 """
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from grader.grading import markers, slurm, store
+from grader.grading.results import ungradable
 
 STATES = ("done", "needs regrade", "running", "failed", "queued", "missing")
 
@@ -64,7 +67,20 @@ def collect(out: Path) -> dict[str, Any]:
             row[name] = {"state": state, "detail": detail}
     counts = {s: sum(cell["state"] == s for row in table.values() for cell in row.values()) for s in STATES}
     return {"exercises": names, "students": table, "counts": counts,
-            "slurm": None if active is None else sorted(active)}
+            "slurm": None if active is None else sorted(active), "ungradable": _ungradable(out, names)}
+
+
+def _ungradable(out: Path, names: list[str]) -> dict[str, str]:
+    """student -> why nothing of their submission was graded, for those graded whole."""
+    found = {}
+    for student in store.students(out):
+        results = store.load_exercises(out, student)
+        if set(results) >= set(names):
+            reason = ungradable(store.load_submission(out, student).get("problems", []),
+                                [results[n] for n in names])
+            if reason:
+                found[student] = reason
+    return found
 
 
 def run(args: argparse.Namespace) -> int:
@@ -96,6 +112,8 @@ def run(args: argparse.Namespace) -> int:
         for name, cell in row.items():
             if cell["state"] in ("running", "failed", "needs regrade") and cell["detail"]:
                 console.print(f"  {student}/{name}: {cell['state']}: {cell['detail']}", highlight=False)
+    for student, reason in status["ungradable"].items():
+        console.print(f"  {student}: nothing could be graded: {reason}", highlight=False, markup=False)
     if counts["failed"] or counts["missing"] or counts["needs regrade"]:
         console.print("Run the same `grader grade` command again to grade what is missing, failed or needs a "
                       "regrade.")
