@@ -245,3 +245,16 @@ def test_no_network_and_nothing_executable_in_the_page(folder):
     assert "<script" not in text and "http://" not in text.replace("http://www.w3.org/2000/svg", "")
     assert "https://" not in text and "<b>" not in text.replace("<b>gelu</b>", "").replace("<b>softmax</b>", "") \
         .replace("<b>total</b>", "")
+
+
+def test_empty_problem_tables_say_none(tmp_path):
+    """A clean class: the flag and regrade tables say that nothing was found, instead of standing empty."""
+    store.write_run(tmp_path, {"exercises": ["gelu"], "device": "CPU", "secret_salt": SALT,
+                               "started": "2026-01-01 10:00:00"})
+    store.save_submission(tmp_path, "s1", {"source": "/subs/s1", "kind": "directory", "problems": []})
+    store.save_exercise(tmp_path, "s1", _result(GELU))
+    rebuild.rebuild(tmp_path, course=config.load_course(), all_exercises=ALL)
+    cells = _Cells()
+    cells.feed((tmp_path / store.CLASS_REPORT_HTML).read_text())
+    assert "no integrity flag was raised" in cells.by_id["flag-table"]
+    assert "the grader failed on no part" in cells.by_id["regrade-table"]

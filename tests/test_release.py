@@ -51,6 +51,7 @@ def test_release_holds_what_students_need(release):
                 "scripts/bootstrap.sh"):
         assert (release / rel).is_file(), rel
     assert 'testpaths = ["assignments"]' in (release / "pyproject.toml").read_text()
+    assert not (release / ".benchmarks").exists()  # the self-check's pytest run leaves nothing behind
 
 
 def test_release_has_no_solutions_tests_or_instructor_grader(release):
@@ -108,7 +109,7 @@ def test_release_is_built_from_the_last_commit_and_refuses_a_solved_stub(tmp_pat
     with pytest.raises(release_mod.ReleaseError) as refused:
         release_mod.build(tmp_path / "out", repo=repo, self_check=False)
     message = str(refused.value)
-    assert "assignments/ differs from the last commit" in message
+    assert "assignments/ differs from the last commit" in message and "a stub you solved" in message
     assert "assignments/gelu/gelu.py" in message and "assignments/gelu/notes.txt" in message
     assert not (tmp_path / "out").exists()
     _git(repo, "checkout", "--", "assignments")

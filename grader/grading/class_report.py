@@ -331,12 +331,16 @@ def _leaderboard(students: list[StudentReport], ratios: Ratios, display_names: M
     return h
 
 
+_NONE_ROW = '<tr><td colspan="4" class="meta none">{what}</td></tr>'  # an empty table says so
+
+
 def _problems(students: list[StudentReport], names: list[str], gpu_failures: Sequence[Mapping[str, Any]],
               table: _Table) -> list[str]:
     """Integrity flags, parts awaiting a regrade, work without a result, GPUs taken out."""
     ordered = sorted(students, key=lambda r: r.student)
     h = ['<h2 id="flags">Integrity flags</h2><table id="flag-table"><tr><th>student</th><th>exercise / part</th>'
          "<th>rule</th><th>message</th></tr>"]
+    rows = len(h)
     for report in ordered:
         for _, result in report.exercises:
             for part in result.parts:
@@ -346,8 +350,11 @@ def _problems(students: list[StudentReport], names: list[str], gpu_failures: Seq
                              "</pre></td></tr>")
                     table.add("flag", result.exercise, part.name, flag["rule"], report.student,
                               detail=_first_line(flag["message"]))
+    if len(h) == rows:
+        h.append(_NONE_ROW.format(what="no integrity flag was raised"))
     h.append('</table><h2 id="regrade">Grader errors and parts that need a regrade</h2><table id="regrade-table">'
              "<tr><th>student</th><th>exercise</th><th>parts</th><th>error</th></tr>")
+    rows = len(h)
     for report in ordered:
         for _, result in report.exercises:
             if result.needs_regrade:
@@ -357,6 +364,8 @@ def _problems(students: list[StudentReport], names: list[str], gpu_failures: Seq
                 h.append(f"<tr><td>{_e(report.student)}</td><td>{_e(result.exercise)}</td><td>{_e(parts)}</td>"
                          f"<td><pre>{_e(why)}</pre></td></tr>")
                 table.add("needs_regrade", result.exercise, parts, "", report.student, detail=why)
+    if len(h) == rows:
+        h.append(_NONE_ROW.format(what="none: the grader failed on no part"))
     h.append("</table>")
     missing = [(r.student, n) for r in ordered for n in names if n not in {s.exercise for s, _ in r.exercises}]
     listed = ": " + _e(", ".join(f"{s}/{n}" for s, n in missing[:50])) if missing else ""

@@ -26,6 +26,7 @@ Either failing fails the command.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import os
 import shutil
@@ -105,8 +106,9 @@ def committed_assignments(repo: Path = REPO) -> bytes:
     if changed:
         listed = "\n  ".join(changed[:20]) + (f"\n  ... and {len(changed) - 20} more" if len(changed) > 20 else "")
         raise ReleaseError("assignments/ differs from the last commit, and the release is built from what is "
-                           f"committed:\n  {listed}\ncommit these changes (or undo them, e.g. git stash) and run "
-                           "grader release again")
+                           f"committed:\n  {listed}\nUndo what students must not get (a stub you solved while "
+                           "trying it out: git stash, or git checkout -- assignments); commit what they should "
+                           "(a handout fix); then run grader release again")
     archive = git("archive", "--format=tar", "HEAD", "--", "assignments")
     if archive.returncode != 0:
         raise ReleaseError(f"git archive failed: {archive.stderr.decode(errors='replace').strip()}")
@@ -178,6 +180,9 @@ def run_self_check(release: Path, timeout_s: float = 900) -> list[str]:
         proc = subprocess.run(command, cwd=release, env=env, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         return [f"the release's tests did not finish in {timeout_s:.0f} s"]
+    finally:  # pytest-benchmark's folder, empty when no speed test ran: not part of what students get
+        with contextlib.suppress(OSError):
+            (release / ".benchmarks").rmdir()
     out = proc.stdout + proc.stderr
     tail = "\n    ".join(out.strip().splitlines()[-15:])
     problems = []
