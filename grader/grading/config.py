@@ -23,8 +23,9 @@ COURSE_FILE = Path(__file__).with_name("course.toml")
 CORRECTNESS_MODES = ("fraction", "all-or-nothing")
 DEVICES = ("cpu", "cuda")
 # [grading] keys that may differ per device (``key_cpu`` / ``key_cuda``), with their type
+DEFAULT_CASES_SEED = "triton-kernels-course"  # course.toml's public default: instructors set their own
 PER_DEVICE = {"random_cases": int, "timeout_s": float, "call_timeout_s": float, "memory_mb": int,
-              "speed_budget_s": float, "jobs": int}
+              "speed_budget_s": float, "jobs": int, "cases_seed": str}
 
 
 class CourseError(ValueError):
@@ -120,6 +121,8 @@ def load_course(path: str | Path | None = None, *, known: tuple[str, ...] | None
         for key in PER_DEVICE:
             for device in DEVICES:
                 value = course.setting(key, device)
+                if isinstance(value, str):
+                    continue
                 if value < 0 or (value == 0 and key not in ("random_cases",)):
                     raise CourseError(f"{source}: [grading] {key} must be positive, not {value}")
     except (TypeError, ValueError) as exc:
@@ -233,6 +236,7 @@ class RunSettings:
     result_cap_mb: int = 4096  # largest message from a worker
     max_restarts: int = 2
     env: Mapping[str, str] = field(default_factory=dict)  # extra environment for the worker (e.g. the GPU)
+    cases_seed: str = ""  # the course's seed of every case (course.toml); "": each batch's secret
     sandbox: Sandbox | None = None  # where workers run; None: unsandboxed, in a process group only
 
 
@@ -253,4 +257,5 @@ def resolve(options: GradeOptions, course: Course, *, device: str, secret: str, 
         workdir=workdir,
         gpu_name=gpu_name,
         sandbox=sandbox,
+        cases_seed=str(course.setting("cases_seed", device)),
     )

@@ -114,6 +114,10 @@ def run(args: argparse.Namespace) -> int:
         else:
             if not args.submissions:
                 raise UsageError("no submissions given (or use --regrade-errors OUT)")
+            if config.load_course(options.course).grading.get("cases_seed") == config.DEFAULT_CASES_SEED:
+                print("grader grade: warning: the course file's cases_seed is the public default, so anyone with this "
+                      "repository can draw the hidden cases: set a private one in your course file (--course)",
+                      file=sys.stderr)
             batch = grade(args.submissions, out=Path(args.out), options=options)
     except (UsageError, config.CourseError, resume.Conflict, gpus.GpuSelectionError, slurm.SlurmError) as exc:
         print(f"grader grade: {exc}", file=sys.stderr)

@@ -9,8 +9,10 @@
 * each extra check;
 * ``speed`` (CUDA only) — the part's benchmarks, then a call on a secretly seeded case of the first one.
 
-An example the device cannot run (the spec's ``skip``) is planned as skipped, with the reason, and never
-sent. Seeds and the secret never leave the grader: the worker receives inputs, one item at a time.
+The secret seed is the course's ``cases_seed`` (course.toml) where it sets one, so that every batch of the course
+(a late submission, a regrade in a new folder, another section) grades every student on the same cases; else the
+batch's secret. An example the device cannot run (the spec's ``skip``) is planned as skipped, with the reason, and
+never sent. Seeds and secrets never leave the grader: the worker receives inputs, one item at a time.
 """
 
 from __future__ import annotations
@@ -53,9 +55,12 @@ def _id(part: Part, kind: str, label: str = "") -> str:
 
 
 def plan_part(exercise: Exercise, part: Part, *, device: str, secret: str, random_cases: int,
-              speed_budget_s: float) -> list[Item]:
+              speed_budget_s: float, cases_seed: str = "") -> list[Item]:
+    # Every case (shapes, dtypes, layouts, values) comes from the course's cases_seed where it sets one: every
+    # batch of the course puts the same cases to every student, so a score depends on the code alone (a bug
+    # that shows on 3 of 14 cases under one draw and 2 under another would not). Else from the batch's secret.
     def mix(*public) -> int:
-        return cases_mod.mixed_seed(secret, exercise.name, part.name, *public)
+        return cases_mod.mixed_seed(cases_seed or secret, exercise.name, part.name, *public)
 
     items: list[Item] = []
     for kind in catalog.kinds(part):
@@ -98,8 +103,8 @@ def plan_part(exercise: Exercise, part: Part, *, device: str, secret: str, rando
 
 
 def plan(exercise: Exercise, *, device: str, secret: str, random_cases: int, speed_budget_s: float,
-         parts: tuple[str, ...] | None = None) -> list[Item]:
+         parts: tuple[str, ...] | None = None, cases_seed: str = "") -> list[Item]:
     """Every item of the exercise (of ``parts`` only, for a regrade), in the catalog's order."""
     return [item for part in exercise.parts if parts is None or part.name in parts
             for item in plan_part(exercise, part, device=device, secret=secret, random_cases=random_cases,
-                                  speed_budget_s=speed_budget_s)]
+                                  speed_budget_s=speed_budget_s, cases_seed=cases_seed)]

@@ -54,7 +54,8 @@ def grade_exercise(exercise: Exercise, root: Path, *, settings: RunSettings, scr
     try:
         planned = time.monotonic()
         items = plan_mod.plan(exercise, device=settings.device, secret=settings.secret,
-                              random_cases=settings.random_cases, speed_budget_s=settings.speed_budget_s, parts=parts)
+                              random_cases=settings.random_cases, speed_budget_s=settings.speed_budget_s, parts=parts,
+                              cases_seed=settings.cases_seed)
         result.profile["plan"] = time.monotonic() - planned
         timed = [p for p in selected if any(i.kind == "speed" and i.part is p for i in items)]
         if timed and settings.device == "cuda":
