@@ -190,3 +190,16 @@ def test_known_wrong_unwritten_elements_are_named_and_computed_nans_are_not(fixt
         # a fully masked 4096-column block computes exp(-inf - -inf) = NaN: not "never written"
         message = next(m for m in messages if "8194 elements were never written" in m)
         assert "16386 NaN where a number was expected" in message
+
+
+def test_scattered_errors_that_start_on_a_multiple_of_16_get_no_boundary_hint():
+    """Two wrong elements of a 7x33 bf16-like case, the first at index 48: a coincidence, not a block boundary."""
+    e = torch.randn(7, 33, generator=tensors.generator(4), dtype=torch.float64)
+    got = e.float()
+    got.view(-1)[48] += 0.5
+    got.view(-1)[150] += 0.5
+    assert "block boundary" not in _message(got, e)
+    rows = torch.randn(4, 64, generator=tensors.generator(5), dtype=torch.float64)
+    got = rows.float()
+    got[1, 32] += 0.5  # one element of column 32: the column hint needs the block wrong in every row
+    assert "block boundary" not in _message(got, rows)

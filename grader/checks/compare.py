@@ -119,17 +119,20 @@ def _small_error_hint(bad: torch.Tensor, bad_finite: torch.Tensor, max_abs: floa
 
 
 def _boundary_hint(bad: torch.Tensor) -> str | None:
-    """The errors start at a block boundary and everything before it is right: a mask or the grid."""
+    """The errors start at a block boundary, everything before it is right and the block that starts there is
+    wrong throughout (not a few scattered elements that happen to start on a multiple of 16): a mask or the grid."""
     if bad.dim() >= 2:
-        columns = bad.reshape(-1, bad.shape[-1]).any(dim=0).nonzero()
+        rows = bad.reshape(-1, bad.shape[-1])
+        columns = rows.any(dim=0).nonzero()
         first = int(columns[0]) if len(columns) else 0
-        if first >= MIN_BLOCK and first % MIN_BLOCK == 0:
+        if first >= MIN_BLOCK and first % MIN_BLOCK == 0 and bool(rows[:, first:first + MIN_BLOCK].all()):
             return (f"in every row the first {first} columns are right and the errors start at column {first} (a "
                     f"multiple of {first & -first}): a block boundary — check the mask and that the loop or grid "
                     "covers the columns past the first block")
-    flat = bad.reshape(-1).nonzero()
-    first = int(flat[0]) if len(flat) else 0
-    if first >= MIN_BLOCK and first % MIN_BLOCK == 0:
+    flat = bad.reshape(-1)
+    found = flat.nonzero()
+    first = int(found[0]) if len(found) else 0
+    if first >= MIN_BLOCK and first % MIN_BLOCK == 0 and bool(flat[first:first + MIN_BLOCK].all()):
         return (f"the first {first} elements (in row-major order) are right and the errors start at element {first} "
                 f"(a multiple of {first & -first}): a block boundary — check the mask and that the grid covers "
                 "every block (triton.cdiv)")
