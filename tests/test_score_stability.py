@@ -41,7 +41,7 @@ def test_every_batch_of_a_course_puts_the_same_cases(exercise, device):
 def test_the_course_file_sets_a_cases_seed_and_grader_grade_warns_while_it_is_the_default(tmp_path, capsys):
     from grader import cli
 
-    assert config.load_course().setting("cases_seed", "cpu") == config.DEFAULT_CASES_SEED
+    assert config.load_course().cases_seed == config.DEFAULT_CASES_SEED
     missing = str(tmp_path / "no-such-submission")
     assert cli.main(["grade", missing, "--out", str(tmp_path / "out")]) == 2  # refused: the path does not exist
     assert "cases_seed is the public default" in capsys.readouterr().err

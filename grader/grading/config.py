@@ -25,7 +25,7 @@ DEVICES = ("cpu", "cuda")
 # [grading] keys that may differ per device (``key_cpu`` / ``key_cuda``), with their type
 DEFAULT_CASES_SEED = "triton-kernels-course"  # course.toml's public default: instructors set their own
 PER_DEVICE = {"random_cases": int, "timeout_s": float, "call_timeout_s": float, "memory_mb": int,
-              "speed_budget_s": float, "jobs": int, "cases_seed": str}
+              "speed_budget_s": float, "jobs": int}
 
 
 class CourseError(ValueError):
@@ -50,6 +50,11 @@ class Course:
         if value is None:
             raise CourseError(f"{self.source}: [grading] has no {key} (nor {key}_{device})")
         return PER_DEVICE[key](value)
+
+    @property
+    def cases_seed(self) -> str:
+        """The seed of every case of every batch of the course ("": each batch's secret draws them)."""
+        return str(self.grading.get("cases_seed", ""))
 
     def scale(self, exercises: Iterable[Exercise]) -> float:
         """Course points per declared point (before the exercise's weight)."""
@@ -80,7 +85,7 @@ def _read(path: Path) -> dict[str, Any]:
 
 
 def _known_grading_key(key: str) -> bool:
-    if key == "correctness" or key in PER_DEVICE:
+    if key in ("correctness", "cases_seed") or key in PER_DEVICE:
         return True
     base, _, device = key.rpartition("_")
     return device in DEVICES and base in PER_DEVICE
@@ -121,8 +126,6 @@ def load_course(path: str | Path | None = None, *, known: tuple[str, ...] | None
         for key in PER_DEVICE:
             for device in DEVICES:
                 value = course.setting(key, device)
-                if isinstance(value, str):
-                    continue
                 if value < 0 or (value == 0 and key not in ("random_cases",)):
                     raise CourseError(f"{source}: [grading] {key} must be positive, not {value}")
     except (TypeError, ValueError) as exc:
@@ -257,5 +260,5 @@ def resolve(options: GradeOptions, course: Course, *, device: str, secret: str, 
         workdir=workdir,
         gpu_name=gpu_name,
         sandbox=sandbox,
-        cases_seed=str(course.setting("cases_seed", device)),
+        cases_seed=course.cases_seed,
     )

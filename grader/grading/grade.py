@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             if not args.submissions:
                 raise UsageError("no submissions given (or use --regrade-errors OUT)")
-            if config.load_course(options.course).grading.get("cases_seed") == config.DEFAULT_CASES_SEED:
+            if config.load_course(options.course).cases_seed == config.DEFAULT_CASES_SEED:
                 print("grader grade: warning: the course file's cases_seed is the public default, so anyone with this "
                       "repository can draw the hidden cases: set a private one in your course file (--course)",
                       file=sys.stderr)
