@@ -182,6 +182,15 @@ def markdown(report: StudentReport) -> str:
                 out += ["", f"**{part.name}: smallest failing check** ({failure.label}):", "", _fence(failure.message)]
                 if hint := part.layout_hint():
                     out += ["", f"**{part.name}: hint** (from all its cases): {hint}"]
+                if common := part.common_hint():
+                    hint, n, of = common
+                    out += ["", f"**{part.name}: hint** (from {n} of {of} failing checks): {hint}"]
+                out += ["", f"**{part.name}: every check** — {part.passed_cases} of {len(part.correctness)} passed:",
+                        ""]
+                for kind, checks in part.checks_by_kind():
+                    out.append(f"- {kind}, {sum(c.passed for c in checks)} of {len(checks)} passed:")
+                    out += [f"  - {'passed' if c.passed else 'FAILED'} `{c.label}`"
+                            + ("" if c.passed else f": {c.reason}") for c in checks]
             for flag in part.flags:
                 out += ["", f"**Integrity flag `{flag['rule']}`** ({part.name}):", "", _fence(flag["message"])]
             rows = part.speed.rows
@@ -298,6 +307,18 @@ def render_html(report: StudentReport) -> str:
                          f'<pre class="failure">{_e(failure.message)}</pre>')
                 if hint := part.layout_hint():
                     h.append(f'<p class="hint"><b>Hint</b> (from all its cases): {_e(hint)}</p>')
+                if common := part.common_hint():
+                    hint, n, of = common
+                    h.append(f'<p class="hint"><b>Hint</b> (from {n} of {of} failing checks): {_e(hint)}</p>')
+                h.append(f'<h3>{_e(part.name)}: every check</h3><p>{part.passed_cases} of {len(part.correctness)} '
+                         f'passed</p><ul class="checks" id="checks-{_e(score.exercise)}-{_e(part.name)}">')
+                for kind, checks in part.checks_by_kind():
+                    items = "".join(f'<li class="{"passed" if c.passed else "failed"}">'
+                                    f'{"passed" if c.passed else "FAILED"} <code>{_e(c.label)}</code>'
+                                    + ("" if c.passed else f": {_e(c.reason)}") + "</li>" for c in checks)
+                    h.append(f"<li>{_e(kind)}, {sum(c.passed for c in checks)} of {len(checks)} passed:"
+                             f"<ul>{items}</ul></li>")
+                h.append("</ul>")
             for flag in part.flags:
                 h.append(f'<div class="flag"><b>Integrity flag <code>{_e(flag["rule"])}</code></b> '
                          f"({_e(part.name)})<pre>{_e(flag['message'])}</pre></div>")

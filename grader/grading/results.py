@@ -78,6 +78,17 @@ class CheckResult:
     def passed(self) -> bool:
         return self.status == PASSED
 
+    @property
+    def reason(self) -> str:
+        """Why it failed, in one line: the first mismatch count or exception of its message."""
+        lines = [ln.strip() for ln in self.message.splitlines() if ln.strip()]
+        found = next((ln for ln in lines if " differ" in ln or "raised" in ln or "never written" in ln), None)
+        return found or (lines[0] if lines else self.status)
+
+    def hints(self) -> list[str]:
+        """The hints its message gives (``hint: ...`` lines)."""
+        return [ln.strip()[len("hint: "):] for ln in self.message.splitlines() if ln.strip().startswith("hint: ")]
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -141,6 +152,25 @@ class PartResult:
     def part_flags(self) -> list[dict[str, str]]:
         """The flags that zero the whole part (the others cost the speed credit only)."""
         return [f for f in self.flags if f.get("scope", "part") == "part"]
+
+    def checks_by_kind(self) -> list[tuple[str, list[CheckResult]]]:
+        """The correctness checks in plain words, by kind: fixed examples, random cases, bad inputs."""
+        kinds = (("fixed examples", "example"), ("random cases", "random"), ("bad inputs", "bad_input"))
+        grouped = [(title, [c for c in self.correctness if c.role == role]) for title, role in kinds]
+        return [(title, checks) for title, checks in grouped if checks]
+
+    def common_hint(self) -> tuple[str, int, int] | None:
+        """The hint most of the failing checks give, with how many give it, of how many failed: the cause the
+        errors point to, read from every failing check rather than the smallest one alone."""
+        failing = [c for c in self.correctness if c.status == FAILED]
+        counts: dict[str, int] = {}
+        for check in failing:
+            for hint in dict.fromkeys(check.hints()):
+                counts[hint] = counts.get(hint, 0) + 1
+        if not counts:
+            return None
+        hint, n = max(counts.items(), key=lambda kv: kv[1])
+        return hint, n, len(failing)
 
     def layout_hint(self) -> str | None:
         """What the correctness cases together suggest (failures only on non-contiguous inputs: strides)."""

@@ -151,6 +151,14 @@ def score_part(exercise: Exercise, spec: Part, part: PartResult, factor: float, 
             hint = part.layout_hint()
             if hint:
                 output += f"\nhint, from all {total} checks: {hint}"
+            common = part.common_hint()
+            if common:
+                output += f"\nhint, from {common[1]} of {common[2]} failing checks: {common[0]}"
+            if failure:
+                output += "\nevery check:" + "".join(
+                    f"\n  {kind}: " + "; ".join(f"{'passed' if c.passed else 'FAILED'} {c.label}"
+                                                + ("" if c.passed else f" ({c.reason})") for c in checks)
+                    for kind, checks in part.checks_by_kind())
         counts = f" ({n}/{total} checks)" if graded else ""
         lines.append(Line(exercise.name, spec.name, "correctness", f"{title}: correctness{counts}",
                           max_c * fraction, max_c, _status(graded and not flagged and fraction == 1.0), output))
