@@ -41,3 +41,18 @@ def test_the_report_of_a_wrong_kernel_lists_every_check_and_the_hint(tmp_path):
     cells.feed(html)
     listed = cells.by_id["checks-gelu-forward"]
     assert "fixed examples" in listed and "FAILED shape=1021-dtype=float32" in listed and "elements differ" in listed
+
+
+def test_a_checks_reason_is_its_mismatch_line_and_the_common_hint_counts_failing_checks():
+    from grader.grading.results import FAILED, PASSED, CheckResult, PartResult
+
+    message = ("gelu is wrong on\ncase Case(shape=(7,), dtype='float32')\n  x: shape (7,), float32\n"
+               "y: 3 of 7 elements differ (atol=1e-05)\n  hint: the errors are small\n")
+    wrong = CheckResult("forward.random[0]", "random", "shape=7", FAILED, message)
+    assert wrong.reason == "y: 3 of 7 elements differ (atol=1e-05)" and wrong.hints() == ["the errors are small"]
+    raised = CheckResult("forward.examples[x]", "example", "x", FAILED, "gelu raised ValueError: no\n  frame")
+    assert raised.reason == "gelu raised ValueError: no"
+    part = PartResult("forward", "graded", checks=[wrong, raised, CheckResult("b", "bad_input", "b", PASSED)])
+    assert part.common_hint() == ("the errors are small", 1, 2)
+    assert [(kind, len(checks)) for kind, checks in part.checks_by_kind()] == [
+        ("fixed examples", 1), ("random cases", 1), ("bad inputs", 1)]

@@ -241,15 +241,16 @@ def _failed_checks(students: list[StudentReport], table: _Table) -> list[str]:
                     key = (result.exercise, check.id)
                     if check.status == FAILED and key not in seen:
                         seen.add(key)
-                        failed[key].append((report.student, check.label, check.message))
+                        failed[key].append((report.student, check.label, check.reason))
     ranked = sorted(failed.items(), key=lambda kv: (-len(kv[1]), kv[0]))[:TOP_CHECKS]
     h = [f'<h2 id="failed-checks">Checks the class failed most</h2><p class="meta">{len(failed)} check(s) failed '
          f"by at least one student; the {len(ranked)} most failed, with one example message.</p>",
          '<table id="failed-table"><tr><th>exercise</th><th>check</th><th>students</th><th>example</th></tr>']
     for (exercise, check_id), who in ranked:
         _, label, message = who[0]
-        h.append(f'<tr><td>{_e(exercise)}</td><td><code>{_e(check_id)}</code><br><span class="meta">{_e(label)}'
-                 f'</span></td><td class="num" data-check="{_e(exercise)}:{_e(check_id)}">{len(who)}</td>'
+        named = "" if label in check_id else f'<br><span class="meta">{_e(label)}</span>'  # an example's id has it
+        h.append(f'<tr><td>{_e(exercise)}</td><td><code>{_e(check_id)}</code>{named}'
+                 f'</td><td class="num" data-check="{_e(exercise)}:{_e(check_id)}">{len(who)}</td>'
                  f"<td><pre>{_e(_first_line(message))}</pre></td></tr>")
     for (exercise, check_id), who in sorted(failed.items()):
         table.add("failed_check", exercise, check_id.split(".", 1)[0], check_id, value=len(who),
