@@ -51,6 +51,9 @@ def run(args: argparse.Namespace) -> int:  # "list"
             pieces += [f"{x.name} {x.points * factor:.2f}" for x in part.extra_checks]
             if part.speed_graded:
                 pieces.append(f"speed {part.speed_points * factor:.2f} (GPU only)")
+                curve = course.curve(exercise.name, part.name) if course else None
+                if curve is not None:
+                    pieces.append(f"speed curve: {curve.describe(part.speed_baseline or 'the baseline')}")
             print(f"  {part.name:14} {', '.join(pieces)}")
     return 0
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from grader.checks.spec import Exercise
 from grader.grading.isolation import Sandbox
+from grader.speed.thresholds import Curve, curve_for
 
 COURSE_FILE = Path(__file__).with_name("course.toml")
 CORRECTNESS_MODES = ("fraction", "all-or-nothing")
@@ -41,6 +42,11 @@ class Course:
     grading: Mapping[str, Any]  # the [grading] table as read (per-device keys resolved by setting())
     source: str
     slurm: Mapping[str, Any] = field(default_factory=dict)  # the [slurm] table: where a batch runs, not how it scores
+    speed_curves: Mapping[str, Curve] = field(default_factory=dict)  # "<exercise>" or "<exercise>.<part>" -> curve
+
+    def curve(self, exercise: str, part: str) -> Curve | None:
+        """The speed curve the course sets for a part (its own, else its exercise's), or None: the thresholds'."""
+        return curve_for(self.speed_curves, exercise, part)
 
     def weight(self, exercise: str) -> float:
         return float(self.weights.get(exercise, 1.0))
@@ -68,7 +74,8 @@ class Course:
     def decisions(self) -> dict[str, Any]:
         """What the course file decides about scores (weights, totals, modes, limits), as plain data."""
         return {"name": self.name, "total": self.total, "weights": dict(self.weights),
-                "correctness": self.correctness, "grading": dict(self.grading)}
+                "correctness": self.correctness, "grading": dict(self.grading),
+                "speed_curve": {k: vars(c) for k, c in self.speed_curves.items()}}
 
     def fingerprint(self) -> str:
         """A digest of :meth:`decisions`."""
@@ -82,6 +89,30 @@ def _read(path: Path) -> dict[str, Any]:
         raise CourseError(f"{path} is not valid TOML: {exc}") from None
     except OSError as exc:
         raise CourseError(f"{path}: cannot read: {exc.strerror or exc}") from None
+
+
+def _speed_curves(table: Mapping[str, Any], source: str) -> dict[str, Curve]:
+    """The ``[speed_curve]`` table: each key a speed-graded exercise or ``exercise.part``, each value
+    ``{of = "baseline" | "reference", full = ..., partial = ...}``."""
+    from grader import exercises
+
+    graded = {e.name: {p.name for p in e.parts if p.speed_graded} for e in exercises.all_exercises()}
+    curves = {}
+    for key, value in table.items():
+        exercise, _, part = key.partition(".")
+        if exercise not in graded or (part and part not in graded[exercise]) or not graded[exercise]:
+            known = ", ".join(sorted(e for e in graded if graded[e]))
+            raise CourseError(f"{source}: [speed_curve] {key}: not a speed-graded exercise or part (exercises: "
+                              f"{known}; a part as exercise.part)")
+        if not isinstance(value, Mapping) or set(value) - {"of", "full", "partial"} or "full" not in value:
+            raise CourseError(f"{source}: [speed_curve] {key} must be {{ of = \"baseline\" or \"reference\", "
+                              "full = ..., partial = ... }")
+        try:
+            curves[key] = Curve(str(value.get("of", "reference")), float(value["full"]),
+                                float(value.get("partial", 0.0)))
+        except (TypeError, ValueError) as exc:
+            raise CourseError(f"{source}: [speed_curve] {key}: {exc}") from None
+    return curves
 
 
 def _known_grading_key(key: str) -> bool:
@@ -100,10 +131,10 @@ def load_course(path: str | Path | None = None, *, known: tuple[str, ...] | None
         if not path.is_file():
             raise CourseError(f"{path}: no such course file")
         overlay = _read(path)
-        unknown_tables = sorted(set(overlay) - {"course", "weights", "grading", "slurm"})
+        unknown_tables = sorted(set(overlay) - {"course", "weights", "grading", "slurm", "speed_curve"})
         if unknown_tables:
             raise CourseError(f"{path}: unknown table(s) {', '.join(unknown_tables)} "
-                              "(known: course, weights, grading, slurm)")
+                              "(known: course, weights, grading, slurm, speed_curve)")
         for table, values in overlay.items():
             if not isinstance(values, dict):
                 raise CourseError(f"{path}: [{table}] must be a table")
@@ -122,6 +153,7 @@ def load_course(path: str | Path | None = None, *, known: tuple[str, ...] | None
             grading=dict(grading),
             source=source,
             slurm=_slurm_table(data.get("slurm", {}), source),
+            speed_curves=_speed_curves(data.get("speed_curve", {}), source),
         )
         for key in PER_DEVICE:
             for device in DEVICES:
@@ -240,6 +272,7 @@ class RunSettings:
     max_restarts: int = 2
     env: Mapping[str, str] = field(default_factory=dict)  # extra environment for the worker (e.g. the GPU)
     cases_seed: str = ""  # the course's seed of every case (course.toml); "": each batch's secret
+    speed_curves: Mapping[str, Curve] = field(default_factory=dict)  # the course's [speed_curve]
     sandbox: Sandbox | None = None  # where workers run; None: unsandboxed, in a process group only
 
 
@@ -261,4 +294,5 @@ def resolve(options: GradeOptions, course: Course, *, device: str, secret: str, 
         gpu_name=gpu_name,
         sandbox=sandbox,
         cases_seed=course.cases_seed,
+        speed_curves=dict(course.speed_curves),
     )

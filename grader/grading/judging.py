@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import traceback
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -95,8 +96,10 @@ class _PartState:
 class ExerciseJudge:
     """Collects the verdicts of one exercise run, reply by reply (``on_reply``), then assembles the parts."""
 
-    def __init__(self, exercise: Exercise, *, device: str, student_dir: str, gpu_name: str | None = None):
+    def __init__(self, exercise: Exercise, *, device: str, student_dir: str, gpu_name: str | None = None,
+                 curves: Mapping[str, thresholds.Curve] | None = None):
         self.exercise = exercise
+        self.curves = dict(curves or {})  # the course's speed curves
         self.device = device
         self.student_dir = student_dir
         self.gpu_name = gpu_name
@@ -209,7 +212,8 @@ class ExerciseJudge:
         if distrusted:
             return SpeedResult("flagged", "speed: no credit — the measurement cannot be trusted: "
                                + "; ".join(distrusted), 0.0)
-        scored = credit.part_credit(part, measurement, recheck=recheck, thresholds=limits)
+        scored = credit.part_credit(part, measurement, recheck=recheck, thresholds=limits,
+                                    curve=thresholds.curve_for(self.curves, self.exercise.name, part.name))
         if not scored.calibrated:
             return SpeedResult(NEEDS_REGRADE, f"speed: not graded on this GPU ({measurement.gpu}): it has no "
                                "calibrated thresholds (`grader calibrate` makes them); correctness is graded, speed "

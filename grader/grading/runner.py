@@ -64,7 +64,8 @@ def grade_exercise(exercise: Exercise, root: Path, *, settings: RunSettings, scr
         seen_root, seen_package = supervise.worker_view(settings, root)
         # the kernels' files as the worker reports them: under its view of the tree
         student_dir = os.path.join(seen_root, exercise.name) if settings.sandbox else os.path.realpath(path.parent)
-        judge = ExerciseJudge(exercise, device=settings.device, student_dir=student_dir, gpu_name=settings.gpu_name)
+        judge = ExerciseJudge(exercise, device=settings.device, student_dir=student_dir, gpu_name=settings.gpu_name,
+                              curves=settings.speed_curves)
         run = supervise.run(exercise, root, items, settings, scratch=scratch, cache_dir=cache_dir,
                             on_reply=judge.on_reply, gpu_lock=slot.lock if slot is not None else None,
                             time_speed=_trusted_timer(exercise, settings, scratch))

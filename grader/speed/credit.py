@@ -106,20 +106,23 @@ def thresholds_summary(gpu_name: str | None = None) -> str:
     return f"speed thresholds: {found.where} (calibrated on {found.gpu})"
 
 
-def resolve_threshold(part: Part, label: str, thresholds: Thresholds | None) -> tuple[Threshold, str]:
+def resolve_threshold(part: Part, label: str, thresholds: Thresholds | None,
+                      curve: thresholds_mod.Curve | None = None) -> tuple[Threshold, str]:
     """The threshold for one benchmark and where it comes from: "calibrated" (this GPU's file),
-    "portable" (the most lenient calibrated GPU) or "default"."""
+    "portable" (the most lenient calibrated GPU) or "default"; with the course's ``curve`` applied."""
     exercise = part.exercise.name if part.exercise else "?"
     baseline = part.speed_baseline or "?"
+    found: tuple[Threshold, str] | None = None
     if thresholds is not None:
         entry = thresholds.get(exercise, part.name, label)
         if entry is not None and entry.baseline == baseline:
-            return entry, "calibrated"
-    entries, _ = thresholds_mod.portable()
-    entry = entries.get((exercise, part.name, label))
-    if entry is not None and entry.baseline == baseline:
-        return entry, "portable"
-    return thresholds_mod.default(baseline), "default"
+            found = entry, "calibrated"
+    if found is None:
+        entries, _ = thresholds_mod.portable()
+        entry = entries.get((exercise, part.name, label))
+        found = (entry, "portable") if entry is not None and entry.baseline == baseline else (
+            thresholds_mod.default(baseline), "default")
+    return (curve.apply(found[0]) if curve is not None else found[0]), found[1]
 
 
 def roofline_of(thresholds: Thresholds | None) -> dict[str, Any]:
@@ -249,16 +252,21 @@ class SpeedCredit:
 
 
 def part_credit(part: Part, measurement: SpeedMeasurement, *, recheck: Verdict,
-                thresholds: Thresholds | None, roofline: dict[str, Any] | None = None) -> SpeedCredit:
-    """Credit for a part from its measurement and the verdict on its post-timing recheck."""
+                thresholds: Thresholds | None, roofline: dict[str, Any] | None = None,
+                curve: thresholds_mod.Curve | None = None) -> SpeedCredit:
+    """Credit for a part from its measurement and the verdict on its post-timing recheck, on the course's speed
+    ``curve`` where it sets one."""
     roofline = roofline_of(thresholds) if roofline is None else roofline
     measured = {b.label: b for b in measurement.benchmarks}
     rows = []
     for bench in part.benchmarks:
-        threshold, source = resolve_threshold(part, bench.label, thresholds)
+        threshold, source = resolve_threshold(part, bench.label, thresholds, curve)
         rows.append(benchmark_credit(measured.get(bench.label), bench.label, benchmark_work(part, bench),
                                      threshold, source, roofline))
-    return summarize(rows, roofline, measurement.gpu, thresholds, recheck)
+    scored = summarize(rows, roofline, measurement.gpu, thresholds, recheck)
+    if curve is not None:
+        scored.message += f"\nspeed curve (the course file's): {curve.describe(part.speed_baseline or 'the baseline')}"
+    return scored
 
 
 def summarize(rows: list[dict[str, Any]], roofline: dict[str, Any], gpu: str, thresholds: Thresholds | None,

@@ -19,7 +19,7 @@ import os
 import re
 import tomllib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +62,47 @@ def credit(ratio: float, full: float, partial: float) -> float:
     if ratio <= partial:
         return 0.0
     return (ratio - partial) / (full - partial)
+
+
+CURVE_OF = ("baseline", "reference")
+
+
+@dataclass(frozen=True)
+class Curve:
+    """The instructor's speed curve for a part (the course file's ``[speed_curve]``): full credit from ``full`` and
+    none at or below ``partial``, linear between, where both are ratios to the part's speed baseline
+    (``of = "baseline"``) or fractions of the reference solution's calibrated ratio (``of = "reference"``)."""
+
+    of: str
+    full: float
+    partial: float
+
+    def __post_init__(self) -> None:
+        if self.of not in CURVE_OF:
+            raise ValueError(f"of must be one of {', '.join(CURVE_OF)}, not {self.of!r}")
+        if not (0 <= self.partial < self.full):
+            raise ValueError(f"need 0 <= partial < full, got full={self.full}, partial={self.partial}")
+
+    def apply(self, threshold: Threshold) -> Threshold:
+        """``threshold`` with this curve's full and partial ratios (a reference-relative curve needs the
+        reference's calibrated ratio; without one the threshold stays as it is)."""
+        if self.of == "baseline":
+            return replace(threshold, full=self.full, partial=self.partial)
+        if threshold.reference_ratio is None:
+            return threshold
+        return replace(threshold, full=self.full * threshold.reference_ratio,
+                       partial=self.partial * threshold.reference_ratio)
+
+    def describe(self, baseline: str) -> str:
+        if self.of == "baseline":
+            return f"full credit from {self.full:g}× {baseline}'s speed, none at or below {self.partial:g}×"
+        return (f"full credit from {self.full:g} of the reference solution's speed, none at or below "
+                f"{self.partial:g} of it")
+
+
+def curve_for(curves: Mapping[str, Curve], exercise: str, part: str) -> Curve | None:
+    """The curve set for a part (``"exercise.part"``), else for its exercise, else None."""
+    return curves.get(f"{exercise}.{part}") or curves.get(exercise)
 
 
 Key = tuple[str, str, str]  # (exercise, part, benchmark label)
