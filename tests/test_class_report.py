@@ -258,3 +258,17 @@ def test_empty_problem_tables_say_none(tmp_path):
     cells.feed((tmp_path / store.CLASS_REPORT_HTML).read_text())
     assert "no integrity flag was raised" in cells.by_id["flag-table"]
     assert "the grader failed on no part" in cells.by_id["regrade-table"]
+
+
+def test_thresholds_are_shown_rounded_and_the_histograms_last_label_is_not_clipped(tmp_path):
+    result = _result(GELU, ratios=(1.2, 0.9))
+    for row in result.parts[0].speed.rows:
+        row["required_full"], row["required_partial"] = 1.354924, 0.747488  # as calibrate writes them
+    store.write_run(tmp_path, {"exercises": ["gelu"], "device": "CPU", "secret_salt": SALT,
+                               "started": "2026-01-01 10:00:00"})
+    store.save_submission(tmp_path, "s1", {"source": "/subs/s1", "kind": "directory", "problems": []})
+    store.save_exercise(tmp_path, "s1", result)
+    rebuild.rebuild(tmp_path, course=config.load_course(), all_exercises=ALL)
+    html = (tmp_path / store.CLASS_REPORT_HTML).read_text()
+    assert ">1.35</td>" in html and ">0.75</td>" in html and "1.354924" not in html.split('id="speed-table"')[1][:2000]
+    assert 'text-anchor="end" font-size="10">100%</text>' in html

@@ -83,9 +83,9 @@ def histogram_svg(fractions: Sequence[float], *, title: str, ident: str) -> str:
         if count:
             svg.append(f'<text x="{x + bar_w / 2:.1f}" y="{height - bottom - h - 3:.1f}" text-anchor="middle" '
                        f'font-size="10">{count}</text>')
-    for pct in (0, 50, 100):
+    for pct, anchor in ((0, "middle"), (50, "middle"), (100, "end")):  # "100%" ends at the axis: never clipped
         x = left + (width - left - 10) * pct / 100
-        svg.append(f'<text x="{x:.1f}" y="{height - bottom + 14}" text-anchor="middle" font-size="10">{pct}%</text>')
+        svg.append(f'<text x="{x:.1f}" y="{height - bottom + 14}" text-anchor="{anchor}" font-size="10">{pct}%</text>')
     svg.append(f'<line x1="{left}" y1="{height - bottom}" x2="{width - 10}" y2="{height - bottom}" stroke="#888"/>')
     svg.append("</svg>")
     return "".join(svg)
@@ -288,8 +288,8 @@ def _speed(ratios: Ratios, table: _Table) -> list[str]:
         ident = f"{exercise}.{part}.{label}"
         h.append(f'<tr><td>{_e(ident)}</td><td class="num">{st["n"]}</td><td class="num">{_f(st["min"])}</td>'
                  f'<td class="num" id="ratio-{_e(ident)}-median">{_f(st["median"])}</td><td class="num">'
-                 f'{_f(st["max"])}</td><td class="num">{_e(sample.get("required_partial", ""))}</td>'
-                 f'<td class="num">{_e(sample.get("required_full", ""))}</td></tr>')
+                 f'{_f(st["max"])}</td><td class="num">{_f(_num(sample.get("required_partial")))}</td>'
+                 f'<td class="num">{_f(_num(sample.get("required_full")))}</td></tr>')
         strips.append(strip_svg(values, title=ident, full=_num(sample.get("required_full")),
                                 partial=_num(sample.get("required_partial"))))
         for student, value, _ in entries:
