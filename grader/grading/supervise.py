@@ -44,10 +44,13 @@ _NOISE = ("Extension modules:", '  File "<frozen runpy>"', '  File "<string>"', 
 # package's own bind; without one, a private directory holding a link to it) goes first on sys.path, and -I
 # keeps out the working directory, PYTHONPATH and the user site (and every PYTHON* variable: -u keeps its
 # prints unbuffered, so a worker that is stopped loses none of them).
-_BOOT = (
-    "import sys; sys.path.insert(0, sys.argv[1]); del sys.argv[1]; import runpy; "
-    "runpy.run_module('grader.grading.worker', run_name='__main__', alter_sys=True)"
-)
+def boot(module: str) -> str:
+    """The ``python -c`` code that runs ``module`` as ``__main__`` with the folder in argv[1] first on sys.path."""
+    return ("import sys; sys.path.insert(0, sys.argv[1]); del sys.argv[1]; import runpy; "
+            f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)")
+
+
+_BOOT = boot("grader.grading.worker")
 
 
 @dataclass

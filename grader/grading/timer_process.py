@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from grader.grading import isolation, sandbox
+from grader.grading import isolation, sandbox, supervise
 from grader.grading.config import RunSettings
 from grader.speed.measure import BenchmarkTiming, SpeedMeasurement
 from grader.speed.plan import LaunchPlan
@@ -27,8 +27,7 @@ from grader.speed.timer import PROGRESS, TimerJob, TimerResult
 SETUP_S = 120.0  # start-up, loading the kernels, building launchers, validation replays
 OUTPUT_CAP = 1 << 20
 
-_BOOT = ("import sys; sys.path.insert(0, sys.argv[1]); del sys.argv[1]; import runpy; "
-         "runpy.run_module('grader.speed.timer', run_name='__main__', alter_sys=True)")
+_BOOT = supervise.boot("grader.speed.timer")  # as the worker is started: only the grader package importable
 
 
 class TimerFault(RuntimeError):
@@ -105,11 +104,4 @@ def _run(settings: RunSettings, job: TimerJob, *, budget_s: float, scratch: Path
 
 def _lib(settings: RunSettings, work: Path) -> str:
     """Where the timer finds the grader package: the sandbox's bind, or a folder holding only a link to it."""
-    if settings.sandbox is not None:
-        return isolation.LIB
-    import grader
-
-    link = work / "pkg" / "grader"
-    link.parent.mkdir(parents=True, exist_ok=True)
-    link.symlink_to(Path(grader.__file__).resolve().parent, target_is_directory=True)
-    return str(link.parent)
+    return isolation.LIB if settings.sandbox is not None else str(supervise.package_link(work))
