@@ -36,10 +36,10 @@ def test_a_judge_that_raises_makes_the_part_need_a_regrade_and_the_regrade_score
     out = tmp_path / "out"
     original = verdicts.correctness
 
-    def faulty(part, case, inputs, ex, device):
+    def faulty(part, case, inputs, ex, device, **kwargs):
         if part.exercise.name == "softmax":
             raise RuntimeError("simulated fault in the grader's judge")
-        return original(part, case, inputs, ex, device)
+        return original(part, case, inputs, ex, device, **kwargs)
 
     monkeypatch.setattr(verdicts, "correctness", faulty)
     assert cli.main(["grade", str(solutions), "--out", str(out), *ARGS]) == grade_cmd.EXIT_NEEDS_REGRADE

@@ -214,13 +214,28 @@ def test_every_default_is_in_the_course_file():
     course = config.load_course()
     for key in config.PER_DEVICE:
         for device in config.DEVICES:
-            assert course.setting(key, device) > 0 or key == "random_cases"
+            assert course.setting(key, device) > 0 or key == "random_cases" or (key, device) == ("jobs", "cuda")
+    assert course.setting("jobs", "cuda") == 0  # chosen per GPU (gpus.auto_jobs)
     settings = config.resolve(config.GradeOptions(), course, device="cpu", secret="s", workdir=Path("/w"))
     assert settings.random_cases == course.setting("random_cases", "cpu")
     assert settings.timeout_s == course.setting("timeout_s", "cpu")
     override = config.resolve(config.GradeOptions(random_cases=0, timeout_s=7.0), course, device="cuda", secret="s",
                               workdir=Path("/w"))
     assert (override.random_cases, override.timeout_s, override.call_timeout_s) == (0, 7.0, 7.0)
+
+
+def test_jobs_on_a_gpu_follow_its_memory_and_the_hosts_cores():
+    from grader.grading import gpus
+
+    h100 = gpus.Gpu(0, "NVIDIA H100 80GB HBM3", "u", "0", 80 << 30)
+    assert gpus.auto_jobs(h100, gpus=1, cores=16) == 8  # 16 cores: 2 per run
+    assert gpus.auto_jobs(h100, gpus=8, cores=128) == 8  # capped
+    assert gpus.auto_jobs(h100, gpus=1, cores=6) == 3
+    assert gpus.auto_jobs(gpus.Gpu(0, "small", "u", "0", 24 << 30), gpus=1, cores=64) == 2  # 10 GiB a run
+    assert gpus.auto_jobs(gpus.Gpu(0, "tiny", "u", "0", 4 << 30), gpus=1, cores=1) == 1
+    slots = gpus.gpu_slots(None, 0, available=[h100], current=0)
+    assert slots[0].capacity == gpus.auto_jobs(h100, gpus=1)
+    assert gpus.gpu_slots(None, 3, available=[h100], current=0)[0].capacity == 3  # --jobs wins
 
 
 def test_an_instructors_course_file_is_laid_over_the_defaults(tmp_path):

@@ -91,11 +91,45 @@ def test_a_timer_that_dies_before_any_replay_is_the_graders_fault_and_after_one_
     with pytest.raises(timer_process.TimerFault, match=r"before replaying anything \(exit 3\)"):
         timer_process.time_measurement(settings, "gelu", "forward", measurement, budget_s=1.0, scratch=tmp_path)
     # a timer that started replaying the student's kernels and then crashed: the student's benchmark fails
-    boot = (f"import sys, pathlib; p = pathlib.Path(sys.argv[-1]).parent / {timer.PROGRESS!r}; "
-            "p.write_text('fp32-4096x8192\\n'); import os; os.abort()")
+    boot = (f"import sys, pathlib; p = pathlib.Path(sys.argv[3]).parent / {timer.PROGRESS!r}; "
+            "p.write_text('0 fp32-4096x8192\\n'); import os; os.abort()")
     monkeypatch.setattr(timer_process, "_BOOT", boot)
     timed = timer_process.time_measurement(settings, "gelu", "forward", measurement, budget_s=1.0, scratch=tmp_path)
     assert timed.benchmarks[0].error.startswith("the replayed kernels crashed the timer")
+
+
+def test_the_timer_holds_the_gpu_alone_only_for_its_timed_rounds(tmp_path, monkeypatch):
+    """The timer shares the GPU while it prepares and asks for it alone around the timed rounds (the gate): a
+    stand-in timer asks, checks that the grader's lock is exclusive while it is granted, and releases it."""
+    from grader.grading.slots import SharedExclusiveLock
+
+    class Spy(SharedExclusiveLock):
+        def __init__(self):
+            super().__init__()
+            self.modes: list[str] = []
+
+        def shared(self):
+            self.modes.append("shared")
+            return super().shared()
+
+        def exclusive(self):
+            self.modes.append("exclusive")
+            return super().exclusive()
+
+    lock = Spy()
+    row = BenchmarkTiming("fp32-4096x8192", times={}).to_dict()
+    result = json.dumps(timer.TimerResult("GPU", [row]).to_dict())
+    boot = ("import sys, os, pathlib; ask, go = map(int, sys.argv[-1].split(',')); os.write(ask, b'A'); "
+            "assert os.read(go, 1) == b'G'; pathlib.Path(sys.argv[3]).with_name('granted').write_text('1'); "
+            f"os.write(ask, b'R'); pathlib.Path(sys.argv[3]).write_text({result!r})")
+    monkeypatch.setattr(timer_process, "_BOOT", boot)
+    measurement = SpeedMeasurement("GPU", [BenchmarkTiming("fp32-4096x8192")], plans={"fp32-4096x8192": toy_plan()})
+    timed = timer_process.time_measurement(_settings(tmp_path), "gelu", "forward", measurement, budget_s=1.0,
+                                           scratch=tmp_path, gpu_lock=lock)
+    assert [r.label for r in timed.benchmarks] == ["fp32-4096x8192"] and timed.timer_fault is None
+    assert lock.modes == ["shared", "exclusive", "shared"]
+    assert lock.holders == (0, False)  # all released
+    assert lock.alone_s > 0
 
 
 def test_a_call_that_cannot_be_replayed_is_not_measurable_without_starting_a_timer(tmp_path):

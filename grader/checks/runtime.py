@@ -69,6 +69,24 @@ def configure() -> Mode:
     return mode
 
 
+def cuda_broken() -> str | None:
+    """Why this process's CUDA context can no longer be used, or None. A kernel's illegal memory access is
+    sticky: every later launch and copy fails with it, so the process must be replaced."""
+    import torch
+
+    if not torch.cuda.is_initialized():
+        return None
+    try:
+        torch.cuda.synchronize()
+        probe = torch.ones(1, device="cuda")
+        probe.add_(1)
+        if float(probe.item()) != 2.0:
+            return "a probe kernel computed a wrong value"
+    except Exception as exc:  # torch.AcceleratorError / RuntimeError: the context is gone
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    return None
+
+
 def _check_interpreter_versions() -> None:
     """triton < 3.9's interpreter breaks on numpy >= 2.4 (``range(0, n, BLOCK)`` loops fail)."""
     from importlib.metadata import PackageNotFoundError, version

@@ -32,6 +32,7 @@ from grader.grading import (
     markers,
     reaper,
     rebuild,
+    references,
     reports,
     resume,
     runner,
@@ -193,7 +194,8 @@ def make_context(out: Path, options: config.GradeOptions, *, secret: str, work: 
     selected = _select(all_ex, options.exercises)
     settings = config.resolve(options, course, device=device, secret=secret, workdir=work.dir,
                               gpu_name=mode.gpu_name if device == mode.device else None, sandbox=sandbox[0])
-    settings = replace(settings, env={**settings.env, reaper.BATCH_VAR: work.token})
+    settings = replace(settings, env={**settings.env, reaper.BATCH_VAR: work.token},
+                       references=references.ReferenceStore(out / store.REFERENCES, secret))
     description = mode.description if device == mode.device else f"{device.upper()} through Slurm"
     return Context(out, course, all_ex, selected, settings, device, description, work.token, options.course,
                    sandbox_note=sandbox[1], unsandboxed=options.unsandboxed)
@@ -372,7 +374,8 @@ def run_local(ctx: Context, tasks: list[Task], work: Workspace, options: config.
     """Run ``tasks`` on this machine's slots, committing each result; (committed, left ungraded)."""
     slots = local_slots(ctx, options)
     run = store.read_run(ctx.out)
-    progress = Progress(len(tasks), f"{description} ({', '.join(s.describe() for s in slots)})")
+    where = ", ".join(s.describe() + (f" × {s.capacity} runs" if s.capacity > 1 else "") for s in slots)
+    progress = Progress(len(tasks), f"{description} ({where})", per_submission=len(ctx.selected))
     recorder = Recorder(ctx.out, course=ctx.course, all_exercises=ctx.all_exercises, names=run["exercises"],
                         device=run.get("device", ctx.description), students=students, batch=ctx.batch,
                         gradebook=gradebook, progress=progress, profile=options.profile,
@@ -388,10 +391,27 @@ def run_local(ctx: Context, tasks: list[Task], work: Workspace, options: config.
     finally:
         progress.stop()
         recorder.close()
+    if options.profile:
+        _batch_profile(progress, slots, submissions=len({t.student for t in tasks}))
     if outcome.left:
         print(f"grader grade: every slot failed ({'; '.join(s.failed or '' for s in slots)}); "
               f"{len(outcome.left)} exercise run(s) left ungraded", file=sys.stderr)
     return outcome.committed, outcome.left
+
+
+def _batch_profile(progress: Progress, slots: list[Slot], *, submissions: int) -> None:
+    """``grader grade --profile``: the batch's wall time, submissions per hour, and how long each GPU was held alone
+    (autotuning, recording and timed rounds) — the part of the work that cannot overlap."""
+    import time
+
+    wall = time.monotonic() - progress.started
+    lines = [f"batch profile: {submissions} submission(s), {progress.done} exercise run(s) in {wall:.1f} s wall"
+             + (f" ({submissions * 3600 / wall:.0f} submissions per hour)" if wall > 0 and submissions else "")]
+    for slot in slots:
+        if slot.is_gpu:
+            lines.append(f"  {slot.describe()}: {slot.capacity} run(s) at once; held alone {slot.lock.alone_s:.1f} s "
+                         f"({100 * slot.lock.alone_s / wall if wall > 0 else 0:.0f}% of the wall time)")
+    progress.note("\n".join(lines))
 
 
 def finish(ctx: Context, elapsed: float, title: str, done: int, left: list[Task]) -> Batch:

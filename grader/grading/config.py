@@ -18,6 +18,7 @@ from typing import Any
 
 from grader.checks.spec import Exercise
 from grader.grading.isolation import Sandbox
+from grader.grading.references import ReferenceStore
 from grader.speed.thresholds import Curve, curve_for
 
 COURSE_FILE = Path(__file__).with_name("course.toml")
@@ -158,7 +159,7 @@ def load_course(path: str | Path | None = None, *, known: tuple[str, ...] | None
         for key in PER_DEVICE:
             for device in DEVICES:
                 value = course.setting(key, device)
-                if value < 0 or (value == 0 and key not in ("random_cases",)):
+                if value < 0 or (value == 0 and key not in ("random_cases", "jobs")):  # jobs 0: chosen per GPU
                     raise CourseError(f"{source}: [grading] {key} must be positive, not {value}")
     except (TypeError, ValueError) as exc:
         if isinstance(exc, CourseError):
@@ -274,6 +275,8 @@ class RunSettings:
     cases_seed: str = ""  # the course's seed of every case (course.toml); "": each batch's secret
     speed_curves: Mapping[str, Curve] = field(default_factory=dict)  # the course's [speed_curve]
     sandbox: Sandbox | None = None  # where workers run; None: unsandboxed, in a process group only
+    references: ReferenceStore | None = None  # the batch's shared case references; None: computed per run
+    parallel_parts: bool = False  # each part of an exercise in workers of its own, side by side (GPUs)
 
 
 def resolve(options: GradeOptions, course: Course, *, device: str, secret: str, workdir: Path,
@@ -295,4 +298,5 @@ def resolve(options: GradeOptions, course: Course, *, device: str, secret: str, 
         sandbox=sandbox,
         cases_seed=course.cases_seed,
         speed_curves=dict(course.speed_curves),
+        parallel_parts=device == "cuda",
     )

@@ -41,6 +41,7 @@ class Gpu:
     name: str
     uuid: str
     pin: str  # the worker's CUDA_VISIBLE_DEVICES
+    memory_bytes: int = 0
 
     def device_info(self) -> dict:
         return {"kind": "cuda", "name": self.name, "index": self.index, "uuid": self.uuid}
@@ -56,7 +57,7 @@ def visible() -> list[Gpu]:
     for i in range(torch.cuda.device_count()):
         props = torch.cuda.get_device_properties(i)
         pin = parent[i] if i < len(parent) else str(i)
-        gpus.append(Gpu(i, props.name, str(getattr(props, "uuid", "")), pin))
+        gpus.append(Gpu(i, props.name, str(getattr(props, "uuid", "")), pin, int(getattr(props, "total_memory", 0))))
     return gpus
 
 
@@ -109,10 +110,27 @@ def probe(pin: str, uuid: str = "", *, timeout_s: float = PROBE_TIMEOUT_S) -> st
     return None
 
 
+MAX_JOBS_PER_GPU = 8
+GIB_PER_JOB = 10  # a worker's CUDA context, its benchmark inputs and the allocator's cache, with room to spare
+CORES_PER_JOB = 2  # a run compiles kernels on one core while the grader judges its replies on another
+
+
+def auto_jobs(gpu: Gpu, *, gpus: int, cores: int | None = None) -> int:
+    """Exercise runs to share ``gpu`` when ``--jobs`` is not given: what its memory and this host's cores (shared
+    by ``gpus`` GPUs) allow, at most :data:`MAX_JOBS_PER_GPU`. Only timed work holds the GPU alone, so the rest of
+    the runs' work (compilation, correctness, judging) overlaps."""
+    cores = cores if cores is not None else len(os.sched_getaffinity(0))
+    by_cores = cores // (CORES_PER_JOB * max(1, gpus))
+    by_memory = gpu.memory_bytes // (GIB_PER_JOB << 30) if gpu.memory_bytes else MAX_JOBS_PER_GPU
+    return int(max(1, min(MAX_JOBS_PER_GPU, by_cores, by_memory)))
+
+
 def gpu_slots(spec: str | None, capacity: int, *, available: Sequence[Gpu], current: int) -> list[Slot]:
-    """One slot per chosen GPU, its workers pinned to it with CUDA_VISIBLE_DEVICES."""
+    """One slot per chosen GPU, its workers pinned to it with CUDA_VISIBLE_DEVICES; ``capacity`` runs share each
+    (0: :func:`auto_jobs`)."""
+    chosen = select(spec, available, current)
     return [Slot(f"cuda:{g.index}", g.device_info(), {"CUDA_VISIBLE_DEVICES": g.pin}, gpu_name=g.name,
-                 capacity=max(1, capacity)) for g in select(spec, available, current)]
+                 capacity=capacity if capacity > 0 else auto_jobs(g, gpus=len(chosen))) for g in chosen]
 
 
 def cpu_slots(jobs: int) -> list[Slot]:

@@ -52,8 +52,9 @@ def add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--exercises", nargs="+", metavar="NAME",
                         help="grade only these exercises (names or a comma-separated list; default: all)")
     parser.add_argument("--jobs", "-j", type=int, default=None,
-                        help="exercise runs at once: on a CPU in all, on GPUs per GPU (default: course.toml; a "
-                        "speed measurement always holds its GPU alone)")
+                        help="exercise runs at once: on a CPU in all, on GPUs per GPU (default: course.toml; on "
+                        "GPUs, chosen from each GPU's memory and the host's cores; timed work always holds its GPU "
+                        "alone)")
     parser.add_argument("--gpus", default=None, metavar="all|0,2,3",
                         help="the GPUs to grade on, one worker each (default: the current GPU)")
     parser.add_argument("--timeout", type=float, default=None, metavar="S",

@@ -27,6 +27,7 @@ from grader.checks.execute import Execution
 from grader.checks.spec import Case, Exercise, Inputs, Part
 from grader.grading import protocol
 from grader.grading.plan import Item
+from grader.grading.references import CaseReferences
 from grader.grading.results import (
     ERROR,
     FAILED,
@@ -97,8 +98,10 @@ class ExerciseJudge:
     """Collects the verdicts of one exercise run, reply by reply (``on_reply``), then assembles the parts."""
 
     def __init__(self, exercise: Exercise, *, device: str, student_dir: str, gpu_name: str | None = None,
-                 curves: Mapping[str, thresholds.Curve] | None = None):
+                 curves: Mapping[str, thresholds.Curve] | None = None,
+                 references: CaseReferences | None = None):
         self.exercise = exercise
+        self.references = references  # the batch's stored references (None: each computed here)
         self.curves = dict(curves or {})  # the course's speed curves
         self.device = device
         self.student_dir = student_dir
@@ -142,7 +145,7 @@ class ExerciseJudge:
             return self._check(item, verdict.passed, verdict.message)
         assert isinstance(reply, protocol.CaseDone) and isinstance(request, protocol.RunCase)
         inputs, ex = request.inputs, reply.execution
-        right = verdicts.correctness(part, case, inputs, ex, self.device)
+        right = verdicts.correctness(part, case, inputs, ex, self.device, reference=self._reference(part, case, inputs))
         if ex.outputs is not None and ex.error_kind is None:
             state.seen.append(_Seen(item, output_fingerprint(ex.outputs), right.passed))
         size = _size(inputs)
@@ -162,6 +165,11 @@ class ExerciseJudge:
                 if flag.rule != "own-kernel":
                     state.flag(flag, case)
         return self._check(item, right.passed, right.message, size, compare.inputs_contiguous(inputs))
+
+    def _reference(self, part: Part, case: Case, inputs: Inputs):
+        if self.references is None:
+            return None
+        return lambda: self.references.expected(part, case, inputs)
 
     @staticmethod
     def _check(item: Item, passed: bool, message: str, size: int | None = None,
@@ -186,8 +194,9 @@ class ExerciseJudge:
         recheck = verdicts.Verdict(True)
         if measurement.recheck is not None:
             assert item.recheck is not None
-            verdict = verdicts.correctness(part, item.recheck, request.recheck_inputs or {}, measurement.recheck,
-                                           self.device)
+            inputs = request.recheck_inputs or {}
+            verdict = verdicts.correctness(part, item.recheck, inputs, measurement.recheck, self.device,
+                                           reference=self._reference(part, item.recheck, inputs))
             if not verdict.passed:
                 recheck = verdicts.Verdict(False, "on fresh inputs after the timed runs, " + verdict.message)
                 state.flag(integrity.Flag("speed-recheck", "results must be computed on every call, not cached or "

@@ -6,10 +6,15 @@ The grader sends a :class:`Job`, then one request at a time, and reads one reply
     worker -> Hello                               started, limits set
     grader -> Job                                 which exercise and implementation tree
     worker -> Loaded                              the module imported (or not), per part
-    grader -> RunCase | RunBadInput | RunExtra | RunSpeed
-    worker -> CaseDone | BadInputDone | ExtraDone | SpeedDone | NotImplementedYet | Raised
+    grader -> RunCase | RunBadInput | RunExtra | WarmUp | RunSpeed
+    worker -> CaseDone | BadInputDone | ExtraDone | WarmedUp | SpeedDone | NotImplementedYet | Raised
     ...
     grader -> Finish                              the worker exits
+
+A speed item is two requests: ``WarmUp`` (compiles the benchmarks' kernels, sharing the GPU), then ``RunSpeed``
+(autotunes and records, holding it alone). A worker whose CUDA context a request left broken (a kernel's illegal
+memory access is sticky: every later call would fail) sends ``Poisoned`` before that request's reply, then exits:
+the grader charges the request that broke it and runs the rest in a fresh worker.
 
 Inputs travel as data: the worker never sees a seed or the secret, and learns a case only when it is asked
 to run it. Everything the worker sends is untrusted: :func:`decode` checks every field's type and raises
@@ -78,11 +83,17 @@ class RunSpeed:
 
 
 @dataclass(frozen=True)
+class WarmUp:
+    id: str
+    part: str
+
+
+@dataclass(frozen=True)
 class Finish:
     pass
 
 
-Request = Job | RunCase | RunBadInput | RunExtra | RunSpeed | Finish
+Request = Job | RunCase | RunBadInput | RunExtra | WarmUp | RunSpeed | Finish
 
 # ----------------------------------------------------------------------------------- worker -> grader
 
@@ -128,6 +139,19 @@ class SpeedDone:
 
 
 @dataclass(frozen=True)
+class WarmedUp:
+    id: str
+    error: str | None = None  # the call that raised (the speed measurement will say it again)
+
+
+@dataclass(frozen=True)
+class Poisoned:
+    """The CUDA context is broken: the worker exits after the reply that follows."""
+
+    why: str
+
+
+@dataclass(frozen=True)
 class NotImplementedYet:
     id: str
     message: str
@@ -142,7 +166,8 @@ class Raised:
     message: str
 
 
-Reply = Hello | Loaded | CaseDone | BadInputDone | ExtraDone | SpeedDone | NotImplementedYet | Raised
+Reply = (Hello | Loaded | CaseDone | BadInputDone | ExtraDone | WarmedUp | SpeedDone | NotImplementedYet | Raised
+         | Poisoned)
 ItemReply = CaseDone | BadInputDone | ExtraDone | SpeedDone | NotImplementedYet | Raised
 
 # ------------------------------------------------------------------------------------------ encoding
@@ -209,6 +234,8 @@ def encode(message: Request | Reply) -> dict[str, Any]:
         case RunSpeed():
             return {"type": "run_speed", "id": message.id, "part": message.part, "budget_s": float(message.budget_s),
                     "recheck_inputs": _inputs_data(message.recheck_inputs)}
+        case WarmUp():
+            return {"type": "warm_up", "id": message.id, "part": message.part}
         case Finish():
             return {"type": "finish"}
         case Hello():
@@ -232,6 +259,10 @@ def encode(message: Request | Reply) -> dict[str, Any]:
                     "tampered": [str(t) for t in m.tampered],
                     "plans": {str(label): plan.to_dict() if isinstance(plan, LaunchPlan)
                               else {"not_replayable": str(plan)} for label, plan in m.plans.items()}}
+        case WarmedUp():
+            return {"type": "warmed_up", "id": message.id, "error": message.error}
+        case Poisoned():
+            return {"type": "poisoned", "why": str(message.why)}
         case NotImplementedYet():
             return {"type": "not_implemented", "id": message.id, "message": str(message.message)}
         case Raised():
@@ -387,6 +418,8 @@ def decode(data: Any, *, extra_fields: dict[str, dict[str, Any]] | None = None) 
         case "run_speed":
             return RunSpeed(_get(data, "id", str, what), _get(data, "part", str, what),
                             _get(data, "budget_s", float, what), _inputs(data.get("recheck_inputs"), what))
+        case "warm_up":
+            return WarmUp(_get(data, "id", str, what), _get(data, "part", str, what))
         case "finish":
             return Finish()
         case "hello":
@@ -421,6 +454,10 @@ def decode(data: Any, *, extra_fields: dict[str, dict[str, Any]] | None = None) 
                 recheck=None if recheck is None else _execution(recheck, f"{what}: recheck"),
                 tampered=_str_list(_get(data, "tampered", list, what), f"{what}: tampered"),
                 plans=_plans(data.get("plans", {}), what)))
+        case "warmed_up":
+            return WarmedUp(_get(data, "id", str, what), _get(data, "error", (str, type(None)), what))
+        case "poisoned":
+            return Poisoned(_get(data, "why", str, what))
         case "not_implemented":
             return NotImplementedYet(_get(data, "id", str, what), _get(data, "message", str, what))
         case "raised":

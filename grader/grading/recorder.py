@@ -37,6 +37,7 @@ class Recorder:
         self._heartbeat = markers.Heartbeat(batch)
 
     def started(self, task: Task, slot: Slot) -> None:
+        self.progress.start()
         store.write_marker(self.out, task.student, task.exercise.name, markers.mine(slot=slot.name, batch=self.batch))
         self._heartbeat.add(store.marker_path(self.out, task.student, task.exercise.name))
 
@@ -57,7 +58,8 @@ class Recorder:
         self.progress.advance(f"{task.student} {task.exercise.name}: {result.status} ({result.elapsed_s:.1f} s"
                               f"{', ' + str(where) if where else ''})")
         if self.profile:
-            steps = ", ".join(f"{k} {v:.1f} s" for k, v in result.profile.items() if k != "total")
+            steps = ", ".join([f"{k} {v:.1f} s" for k, v in result.profile.items() if k != "total"]
+                              + [f"{k} {v}" for k, v in result.counts.items()])
             self.progress.note(f"  profile {task.student} {task.exercise.name}: {steps}")
 
     def _update(self, student: str, exercise: Exercise, result: ExerciseResult, *, write_student: bool) -> None:

@@ -204,6 +204,7 @@ class ExerciseResult:
     log: str = ""  # the worker's captured stdout/stderr
     elapsed_s: float = 0.0
     profile: dict[str, float] = field(default_factory=dict)  # seconds per step (grader grade --profile)
+    counts: dict[str, int] = field(default_factory=dict)  # e.g. references computed / reused (--profile)
     device: dict[str, Any] = field(default_factory=dict)  # where it ran: {"kind", "name", "index", "uuid"}
 
     @property

@@ -8,6 +8,7 @@ exercise "needs regrade", with the traceback kept for staff.
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import time
 from dataclasses import replace
@@ -16,7 +17,7 @@ from pathlib import Path
 from grader.checks import loader
 from grader.checks.spec import Exercise
 from grader.grading import plan as plan_mod
-from grader.grading import protocol, supervise, timer_process
+from grader.grading import references, supervise, timer_process
 from grader.grading.config import RunSettings
 from grader.grading.judging import GRADER_FAULT, ExerciseJudge, grader_error
 from grader.grading.results import (
@@ -64,11 +65,28 @@ def grade_exercise(exercise: Exercise, root: Path, *, settings: RunSettings, scr
         seen_root, seen_package = supervise.worker_view(settings, root)
         # the kernels' files as the worker reports them: under its view of the tree
         student_dir = os.path.join(seen_root, exercise.name) if settings.sandbox else os.path.realpath(path.parent)
+        refs = references.CaseReferences(settings.references or references.local(settings.secret), exercise.name)
         judge = ExerciseJudge(exercise, device=settings.device, student_dir=student_dir, gpu_name=settings.gpu_name,
-                              curves=settings.speed_curves)
-        run = supervise.run(exercise, root, items, settings, scratch=scratch, cache_dir=cache_dir,
-                            on_reply=judge.on_reply, gpu_lock=slot.lock if slot is not None else None,
-                            time_speed=_trusted_timer(exercise, settings, scratch))
+                              curves=settings.speed_curves, references=refs)
+        gpu_lock = slot.lock if slot is not None else None
+        groups = _groups(items, settings)
+
+        def run_group(group: list) -> supervise.Run:
+            return supervise.run(exercise, root, group, settings, scratch=scratch, cache_dir=cache_dir,
+                                 on_reply=judge.on_reply, gpu_lock=gpu_lock, defer_speed=True, references=refs)
+
+        if len(groups) == 1:
+            run = run_group(groups[0])
+        else:  # each part in workers of its own, side by side: the exercise takes as long as its longest part
+            with concurrent.futures.ThreadPoolExecutor(len(groups), thread_name_prefix="part") as pool:
+                run = supervise.Run.merged(list(pool.map(run_group, groups)))
+        if run.to_time:  # every process of the student's has ended: one trusted timer times every part
+            timing = time.monotonic()
+            _time_speed(exercise, settings, run.to_time, scratch=scratch, gpu_lock=gpu_lock)
+            run.add_time("speed: trusted timer", time.monotonic() - timing)
+            for item, request, reply in run.to_time:
+                judge.on_reply(item, request, reply)
+        result.counts.update({"references computed": refs.computed, "references reused": refs.reused})
         result.log = "\n".join(run.logs)
         result.problems = run.problems
         result.profile.update(run.profile)
@@ -90,19 +108,26 @@ def grade_exercise(exercise: Exercise, root: Path, *, settings: RunSettings, scr
     return result
 
 
-def _trusted_timer(exercise, settings: RunSettings, scratch: Path):
-    """The speed items' recorded launches, timed by the trusted timer (:mod:`grader.grading.timer_process`)."""
+def _groups(items: list, settings: RunSettings) -> list[list]:
+    """The items in groups that run in workers of their own at once: one per part where ``parallel_parts`` is
+    set (on GPUs: compilation is per process, and a host has cores to spare), else one."""
+    if not settings.parallel_parts:
+        return [items]
+    by_part: dict[str, list] = {}
+    for item in items:
+        by_part.setdefault(item.part.name, []).append(item)
+    return list(by_part.values())
 
-    def time_speed(item, reply: protocol.SpeedDone) -> protocol.SpeedDone:
-        measurement = reply.measurement
-        try:
-            measurement = timer_process.time_measurement(settings, exercise.name, item.part.name, measurement,
-                                                         budget_s=item.budget_s, scratch=scratch)
-        except Exception as exc:  # the grader's side failed (TimerFault or a bug): the speed waits for a regrade
-            measurement.timer_fault = f"{type(exc).__name__}: {exc}"
-        return protocol.SpeedDone(reply.id, measurement)
 
-    return time_speed
+def _time_speed(exercise, settings: RunSettings, to_time: list, *, scratch: Path, gpu_lock) -> None:
+    """The speed items' recorded launches, timed by the trusted timer (:mod:`grader.grading.timer_process`);
+    a failure of the grader's side leaves the part's ``timer_fault`` (its speed waits for a regrade)."""
+    parts = [timer_process.PartTiming(item.part.name, reply.measurement, item.budget_s) for item, _, reply in to_time]
+    try:
+        timer_process.time_parts(settings, exercise.name, parts, scratch=scratch, gpu_lock=gpu_lock)
+    except Exception as exc:  # a bug of the grader's side: every part's speed waits for a regrade
+        for entry in parts:
+            entry.measurement.timer_fault = entry.measurement.timer_fault or f"{type(exc).__name__}: {exc}"
 
 
 def _unmeasured(part, settings: RunSettings) -> SpeedResult:

@@ -9,8 +9,13 @@ overlaps the worker's.
 
 A worker that crashes, overruns a limit or sends something that is not a message is stopped (with every
 process it started), the item it was running fails with the reason, and a new worker goes on with the items not
-reached: once, and again (at most ``max_restarts`` times) only while the restarts make progress. A crash
-while importing the module, a malformed message and the exercise's time limit end the run. A worker that
+reached, while the restarts make progress. A worker whose CUDA context an item left broken says so and exits:
+that item keeps its own result and a fresh worker runs the rest. A part that crashed (or broke) more than
+``max_restarts`` workers runs no more items; the other parts go on. A crash while importing the module, a
+malformed message and the exercise's time limit end the run.
+
+A speed item compiles its benchmarks' kernels first (``WarmUp``, holding the GPU shared like a correctness
+item), then autotunes and records them holding it alone (``RunSpeed``). A worker that
 ends, or does not start within a call's limit, before it says hello ran no student code: that is the grader's
 fault (:class:`WorkerStartError`), never the student's.
 """
@@ -32,6 +37,7 @@ from grader.checks.spec import Exercise
 from grader.grading import channel, isolation, protocol, sandbox
 from grader.grading.config import RunSettings
 from grader.grading.plan import Item
+from grader.grading.references import CaseReferences
 from grader.grading.slots import SharedExclusiveLock
 
 MB = 1 << 20
@@ -65,9 +71,26 @@ class Run:
     problems: list[str] = field(default_factory=list)
     logs: list[str] = field(default_factory=list)
     profile: dict[str, float] = field(default_factory=dict)  # seconds per step
+    to_time: list[tuple[Item, protocol.RunSpeed, protocol.SpeedDone]] = field(default_factory=list)  # defer_speed
 
     def add_time(self, step: str, seconds: float) -> None:
         self.profile[step] = self.profile.get(step, 0.0) + seconds
+
+    @classmethod
+    def merged(cls, runs: list[Run]) -> Run:
+        """The runs of one exercise's parts (each in workers of its own) as one."""
+        out = cls(loaded=bool(runs) and all(r.loaded for r in runs))
+        for run in runs:
+            out.replies.update(run.replies)
+            out.failed.update(run.failed)
+            out.not_run.update(run.not_run)
+            out.load_errors.update(run.load_errors)
+            out.problems += [p for p in run.problems if p not in out.problems]
+            out.logs += run.logs
+            out.to_time += run.to_time
+            for step, seconds in run.profile.items():
+                out.add_time(step, seconds)
+        return out
 
 
 class WorkerStartError(RuntimeError):
@@ -97,10 +120,11 @@ def package_link(workdir: Path) -> Path:
 class _Ended(Exception):
     """The worker is gone (crashed, stopped, or sent garbage); ``why`` says how."""
 
-    def __init__(self, why: str, outcome: sandbox.Outcome | None = None):
+    def __init__(self, why: str, outcome: sandbox.Outcome | None = None, *, broken_context: bool = False):
         super().__init__(why)
         self.why = why
         self.outcome = outcome
+        self.broken_context = broken_context  # the worker said its CUDA context is broken, and exited
 
 
 class _Worker:
@@ -237,19 +261,23 @@ def describe(item: Item | None, exercise: Exercise) -> str:
     if item is None:
         return f"importing {exercise.module}.py"
     what = {"example": "example case", "random": "random case", "integrity": "integrity case",
-            "fresh": "fresh-input case", "bad_input": "bad-input check", "speed": "the speed measurement"}
+            "fresh": "fresh-input case", "bad_input": "bad-input check", "speed": "speed measurement"}
     text = f"running the {item.part.name} {what.get(item.role, item.role + ' check')}"
     return text + (f" {item.case.label}" if item.case is not None else "")
 
 
-def _request(item: Item) -> protocol.Request:
+def _request(item: Item, references: CaseReferences | None) -> protocol.Request:
+    def inputs(case):
+        return item.part.make_inputs(case) if references is None else references.inputs(item.part, case)
+
     if item.role == "bad_input":
         return protocol.RunBadInput(item.id, item.part.name, int(item.index or 0))
     if item.role == "speed":
-        return protocol.RunSpeed(item.id, item.part.name, item.budget_s, item.recheck_inputs())
+        recheck = inputs(item.recheck) if item.recheck is not None else None
+        return protocol.RunSpeed(item.id, item.part.name, item.budget_s, recheck)
     if item.case is None:
         return protocol.RunExtra(item.id, item.part.name, item.role)
-    return protocol.RunCase(item.id, item.part.name, item.inputs(), item.full)
+    return protocol.RunCase(item.id, item.part.name, inputs(item.case), item.full)
 
 
 def _not_implemented(reply: protocol.ItemReply) -> str | None:
@@ -271,12 +299,13 @@ def run(exercise: Exercise, root: Path, items: list[Item], settings: RunSettings
         cache_dir: Path | None = None,
         on_reply: Callable[[Item, protocol.Request, protocol.ItemReply], None] | None = None,
         gpu_lock: SharedExclusiveLock | None = None,
-        time_speed: Callable[[Item, protocol.SpeedDone], protocol.SpeedDone] | None = None) -> Run:
+        defer_speed: bool = False, references: CaseReferences | None = None) -> Run:
     """Run ``items`` (the skipped ones excepted) and return every reply, or why there is none. ``on_reply``
     sees each item's request and reply while the worker runs the next item. ``gpu_lock`` is held around
-    each item (see :func:`_hold`) when exercise runs share a GPU. ``time_speed`` times a speed item's recorded
-    launches (the trusted timer) once every worker of the run has ended, holding the GPU alone; its reply is
-    what ``on_reply`` sees."""
+    each item (see :func:`_hold`) when exercise runs share a GPU. ``defer_speed``: a speed item's reply (its
+    recorded launches) is not given to ``on_reply`` but kept in :attr:`Run.to_time`, for the trusted timer to time
+    once every worker of the student's has ended. ``references``: where the cases' inputs come from (the batch's
+    store)."""
     result = Run()
     deadline = time.monotonic() + settings.timeout_s
     extra_fields = {it.id: dict(x.fields) for it in items for x in it.part.extra_checks if x.name == it.role}
@@ -286,7 +315,6 @@ def run(exercise: Exercise, root: Path, items: list[Item], settings: RunSettings
     first_calls: set[str] = set()  # parts whose first call was made (it compiles: profiled apart)
     attempt = 0
     judge_next: list[tuple[Item, protocol.Request, protocol.ItemReply]] = []
-    to_time: list[tuple[Item, protocol.Request, protocol.SpeedDone]] = []  # after the workers, alone on the GPU
 
     def judge_pending() -> None:
         while judge_next:
@@ -296,6 +324,32 @@ def run(exercise: Exercise, root: Path, items: list[Item], settings: RunSettings
                 on_reply(item, request, reply)
                 result.add_time("judge (grader)", time.monotonic() - start)
 
+    crashes: dict[str, int] = {}  # part -> workers it crashed or left broken
+    poisoned: list[str] = []  # set by ask(): the worker said its CUDA context is broken
+
+    def ask(worker: _Worker, request: protocol.Request, item: Item, *, shared: bool = False):
+        """Send one request of ``item`` and wait for its reply, holding the GPU as the item needs (``shared``:
+        as a correctness item does); the reply's id must be the item's."""
+        nonlocal deadline
+        waiting = time.monotonic()
+        with _hold(gpu_lock, None if shared else item):  # time spent waiting for the GPU is not the student's
+            deadline += time.monotonic() - waiting
+            worker.send(request)
+            judge_pending()  # judge the previous reply while the worker runs this request
+            budget = request.budget_s if isinstance(request, protocol.RunSpeed) else 0.0
+            call_text = f"took longer than the {settings.call_timeout_s + budget:g} s allowed for one call (stopped)"
+            call_deadline = time.monotonic() + settings.call_timeout_s + budget + GRACE_S
+            text = call_text if call_deadline < deadline else limit
+            reply = worker.receive(min(deadline, call_deadline), text)
+            if isinstance(reply, protocol.Poisoned):  # the request's own reply follows
+                poisoned.append(reply.why)
+                reply = worker.receive(min(deadline, call_deadline), text)
+        if getattr(reply, "id", None) != item.id:
+            raise _Ended(f"the worker sent a malformed result: a reply for {getattr(reply, 'id', '?')!r} "
+                         f"while running {item.id!r}")
+        return reply
+
+    limit = f"timed out after {settings.timeout_s:g} s (stopped, with every process it started)"
     while remaining:
         if deadline - time.monotonic() <= 0.5:
             for it in remaining:
@@ -303,9 +357,9 @@ def run(exercise: Exercise, root: Path, items: list[Item], settings: RunSettings
             break
         started = time.monotonic()
         worker = _Worker(settings, root, scratch, cache_dir, extra_fields)
+        poisoned.clear()
         current: Item | None = None
         progress = 0
-        limit = f"timed out after {settings.timeout_s:g} s (stopped, with every process it started)"
         try:
             waiting = time.monotonic()
             with _hold(gpu_lock, None):  # importing the module compiles kernels: not while another run is timed
@@ -337,22 +391,22 @@ def run(exercise: Exercise, root: Path, items: list[Item], settings: RunSettings
                 if item.part.missing_key in not_implemented:
                     result.not_run[item.id] = f"not implemented: {not_implemented[item.part.missing_key]}"
                     continue
-                request = _request(item)
-                waiting = time.monotonic()
-                with _hold(gpu_lock, item):  # time spent waiting for the GPU is not the student's
-                    deadline += time.monotonic() - waiting
-                    current, sent = item, time.monotonic()
-                    worker.send(request)
-                    judge_pending()  # judge the previous reply while the worker runs this item
-                    per_call = settings.call_timeout_s + item.budget_s + GRACE_S
-                    call_text = (f"took longer than the {settings.call_timeout_s + item.budget_s:g} s allowed for "
-                                 "one call (stopped)")
-                    call_deadline = time.monotonic() + per_call
-                    reply = worker.receive(min(deadline, call_deadline),
-                                           call_text if call_deadline < deadline else limit)
-                if getattr(reply, "id", None) != item.id:
-                    raise _Ended(f"the worker sent a malformed result: a reply for {getattr(reply, 'id', '?')!r} "
-                                 f"while running {item.id!r}")
+                request = _request(item, references)
+                current, sent = item, time.monotonic()
+                if isinstance(request, protocol.RunSpeed):  # compile first, sharing the GPU; then alone
+                    warmed = ask(worker, protocol.WarmUp(item.id, item.part.name), item, shared=True)
+                    if not isinstance(warmed, protocol.WarmedUp | protocol.Raised | protocol.NotImplementedYet):
+                        raise _Ended(f"the worker sent a malformed result: {type(warmed).__name__} to a warm-up")
+                    result.add_time("speed: warm-up (compiles, sharing the GPU)", time.monotonic() - sent)
+                    if poisoned:  # the worker exits: the speed measurement is what broke it
+                        current = None
+                        why = f"the speed warm-up left the CUDA context broken ({poisoned.pop()})"
+                        result.failed[item.id] = why
+                        crashes[item.part.name] = crashes.get(item.part.name, 0) + 1
+                        raise _Ended(f"{describe(item, exercise)}: {why}; the checks after it ran in a fresh worker",
+                                     broken_context=True)
+                    sent = time.monotonic()
+                reply = ask(worker, request, item)
                 first_call = item.part.name not in first_calls and item.role != "bad_input"
                 first_calls.add(item.part.name)
                 result.add_time("first call of each part (compiles its kernels)" if first_call else _step(item),
@@ -363,10 +417,14 @@ def run(exercise: Exercise, root: Path, items: list[Item], settings: RunSettings
                 message = _not_implemented(reply)
                 if message is not None:
                     not_implemented.setdefault(item.part.missing_key, message)
-                if time_speed is not None and isinstance(reply, protocol.SpeedDone):
-                    to_time.append((item, request, reply))
+                if defer_speed and isinstance(reply, protocol.SpeedDone):
+                    result.to_time.append((item, request, reply))
                 else:
                     judge_next.append((item, request, reply))
+                if poisoned:  # the worker exits: the next items run in a fresh one
+                    crashes[item.part.name] = crashes.get(item.part.name, 0) + 1
+                    raise _Ended(f"{describe(item, exercise)} left the CUDA context broken ({poisoned.pop()}); the "
+                                 "checks after it ran in a fresh worker", broken_context=True)
             remaining = []
             outcome = worker.finish()
             result.logs.append(_log_text(outcome, attempt))
@@ -374,7 +432,7 @@ def run(exercise: Exercise, root: Path, items: list[Item], settings: RunSettings
             outcome = ended.outcome or worker.stop()
             result.logs.append(_log_text(outcome, attempt))
             where = describe(current, exercise) if (current or not result.loaded) else "between checks"
-            message = f"{ended.why} while {where}"
+            message = ended.why if ended.broken_context else f"{ended.why} while {where}"
             tail = _stderr_tail(outcome, grader_dir)
             if tail and not outcome.timed_out and attempt == 0:  # restarts usually repeat the same story
                 label = "where it was" if "took longer" in ended.why else "last lines of its stderr"
@@ -382,28 +440,28 @@ def run(exercise: Exercise, root: Path, items: list[Item], settings: RunSettings
             result.problems.append(message)
             if current is not None:
                 result.failed[current.id] = message
+                crashes[current.part.name] = crashes.get(current.part.name, 0) + 1
             done = set(result.replies) | set(result.failed) | set(result.not_run)
             pending = [it for it in remaining if it.id not in done]
-            # Restart for the items not reached: once, and again only while the restarts make progress
-            # (a crash on one case costs that case; code that crashes on every call is not run over and over).
+            # Restart for the items not reached, while the restarts make progress. A part whose calls crashed
+            # (or broke the CUDA context) more than max_restarts workers, or crashed a fresh one on its first
+            # call, runs no more items — code that crashes on every call is not run over and over — but the
+            # other parts go on: a crash costs its own checks only.
+            to_blame = current.part.name if current is not None else None
             stuck = attempt > 0 and progress == 0
             fatal = not result.loaded or "malformed" in ended.why or time.monotonic() >= deadline - 0.5
-            if fatal or stuck or attempt >= settings.max_restarts:
-                for it in pending:
+            spent = {name for name, n in crashes.items() if n > settings.max_restarts}
+            if stuck and to_blame is not None:
+                spent.add(to_blame)
+            if fatal or (stuck and to_blame is None) or attempt >= settings.max_restarts * len(exercise.parts) + 1:
+                spent = {it.part.name for it in pending}
+            for it in pending:
+                if it.part.name in spent:
                     result.failed.setdefault(it.id, f"not run: {message.splitlines()[0]}")
-                remaining = []
-            else:
-                remaining = pending
-                attempt += 1
+            remaining = [it for it in pending if it.part.name not in spent]
+            attempt += 1
         finally:
             worker.stop()
-    judge_pending()
-    for item, request, reply in to_time:  # every process of the student's has ended: nothing runs beside the timer
-        with _hold(gpu_lock, item):
-            started = time.monotonic()
-            timed = time_speed(item, reply)
-            result.add_time("speed: trusted timer", time.monotonic() - started)
-        judge_next.append((item, request, timed))
     judge_pending()
     return result
 

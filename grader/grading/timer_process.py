@@ -1,28 +1,38 @@
-"""Running the trusted timer (:mod:`grader.speed.timer`) for one student's speed-graded part.
+"""Running the trusted timer (:mod:`grader.speed.timer`) for one student's exercise.
 
-The worker recorded a :class:`~grader.speed.plan.LaunchPlan` per benchmark and has ended (with every
-process it started) before the timer starts: nothing of the student's runs beside it. The timer runs in a
-sandbox of its own (:mod:`grader.grading.isolation`) that shows it the grader package and a fresh scratch
-folder, never the submission, the student's Triton cache or the output folder; it gets its job as a file
-in that scratch and leaves its result there. Its time is bounded by the timing budget plus
-:data:`SETUP_S`; a timer that overruns it is killed with its kernels, and the benchmarks it had started
-replaying fail (a hung kernel is the student's); a timer that fails before it replays anything, or whose
-result cannot be read, is the grader's fault.
+The worker recorded a :class:`~grader.speed.plan.LaunchPlan` per benchmark of each speed-graded part and has
+ended (with every process it started) before the timer starts: nothing of the student's runs beside it. One
+timer times every part of the exercise. It runs in a sandbox of its own (:mod:`grader.grading.isolation`) that
+shows it the grader package and a fresh scratch folder, never the submission, the student's Triton cache or the
+output folder; it gets its jobs as a file in that scratch and leaves a result per part there.
+
+It shares the GPU (the slot's lock, held shared) while it starts, loads the kernels and validates the replays,
+and asks for it alone, through two pipes, for each benchmark's timed rounds (:class:`_Gate`). Its time is bounded
+by the parts' timing budgets plus :data:`SETUP_S`, not counting the time it waits for the GPU; a timer that
+overruns it is killed with its kernels, and the benchmark it was replaying fails (a hung kernel is the
+student's). A timer that fails before it replays anything, or whose result cannot be read, is the grader's fault:
+that part's speed waits for a regrade (``timer_fault``). Parts a crashed timer did not reach get a new timer.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
 import sys
 import tempfile
+import threading
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from grader.grading import isolation, sandbox, supervise
 from grader.grading.config import RunSettings
+from grader.grading.slots import SharedExclusiveLock
 from grader.speed.measure import BenchmarkTiming, SpeedMeasurement
 from grader.speed.plan import LaunchPlan
-from grader.speed.timer import PROGRESS, TimerJob, TimerResult
+from grader.speed.timer import PROGRESS, TimerJob, TimerResult, job_result
 
 SETUP_S = 120.0  # start-up, loading the kernels, building launchers, validation replays
 OUTPUT_CAP = 1 << 20
@@ -34,72 +44,192 @@ class TimerFault(RuntimeError):
     """The timer failed on the grader's side: the speed of this part waits for a regrade."""
 
 
+@dataclass
+class PartTiming:
+    """One speed-graded part to time: the worker's recording, completed in place with the replayed times."""
+
+    part: str
+    measurement: SpeedMeasurement
+    budget_s: float
+
+
 def time_measurement(settings: RunSettings, exercise: str, part: str, measurement: SpeedMeasurement, *,
-                     budget_s: float, scratch: Path) -> SpeedMeasurement:
+                     budget_s: float, scratch: Path, gpu_lock: SharedExclusiveLock | None = None
+                     ) -> SpeedMeasurement:
     """``measurement`` (the worker's recording) with its benchmarks timed by the trusted timer: a row per
-    benchmark with the replayed times, or why there are none."""
-    plans = {label: p for label, p in measurement.plans.items() if isinstance(p, LaunchPlan)}
-    rows: dict[str, BenchmarkTiming] = {}
-    for row in measurement.benchmarks:
-        recorded = measurement.plans.get(row.label)
-        if row.error:
-            rows[row.label] = row
-        elif isinstance(recorded, str):
-            rows[row.label] = BenchmarkTiming(row.label, warmup_s=row.warmup_s,
-                                              error=f"not measurable: {recorded}")
-    if plans and not any(r.error for r in rows.values()):
-        result = _run(settings, TimerJob(exercise, part, budget_s, plans), budget_s=budget_s, scratch=scratch)
-        for data in result.benchmarks:
-            timed = BenchmarkTiming.from_dict(data)
-            recorded_row = next((r for r in measurement.benchmarks if r.label == timed.label), None)
-            timed.warmup_s += recorded_row.warmup_s if recorded_row else 0.0
-            rows[timed.label] = timed
-        measurement.mismatches = list(result.mismatches)
-    measurement.benchmarks = [rows[r.label] for r in measurement.benchmarks if r.label in rows]
+    benchmark with the replayed times, or why there are none. Raises :class:`TimerFault` where the timer failed."""
+    time_parts(settings, exercise, [PartTiming(part, measurement, budget_s)], scratch=scratch, gpu_lock=gpu_lock)
+    if measurement.timer_fault:
+        raise TimerFault(measurement.timer_fault)
     return measurement
 
 
-def _run(settings: RunSettings, job: TimerJob, *, budget_s: float, scratch: Path) -> TimerResult:
+def time_parts(settings: RunSettings, exercise: str, parts: list[PartTiming], *, scratch: Path,
+               gpu_lock: SharedExclusiveLock | None = None) -> None:
+    """Time every part of ``parts`` (one timer for all, a new one for parts after a crash); each measurement gets
+    a row per benchmark, or its ``timer_fault``."""
+    jobs: list[tuple[PartTiming, TimerJob]] = []
+    for entry in parts:
+        m = entry.measurement
+        m.timer_fault = None
+        plans = {label: p for label, p in m.plans.items() if isinstance(p, LaunchPlan)}
+        rows: dict[str, BenchmarkTiming] = {}
+        for row in m.benchmarks:
+            recorded = m.plans.get(row.label)
+            if row.error:
+                rows[row.label] = row
+            elif isinstance(recorded, str):
+                rows[row.label] = BenchmarkTiming(row.label, warmup_s=row.warmup_s,
+                                                  error=f"not measurable: {recorded}")
+        if plans and not any(r.error for r in rows.values()):
+            jobs.append((entry, TimerJob(exercise, entry.part, entry.budget_s, plans)))
+        else:
+            m.benchmarks = [rows[r.label] for r in m.benchmarks if r.label in rows]
+    while jobs:
+        try:
+            results = _run(settings, [job for _, job in jobs], scratch=scratch, gpu_lock=gpu_lock)
+        except TimerFault as exc:  # the first part's timer never replayed anything: the grader's fault
+            jobs[0][0].measurement.timer_fault = str(exc)
+            jobs = jobs[1:]
+            continue
+        for (entry, _), result in zip(jobs, results):
+            if result is not None:
+                _complete(entry.measurement, result)
+        jobs = jobs[len([r for r in results if r is not None]):]
+
+
+def _complete(m: SpeedMeasurement, result: TimerResult | TimerFault) -> None:
+    if isinstance(result, TimerFault):
+        m.timer_fault = str(result)
+        return
+    recorded = {r.label: r for r in m.benchmarks}
+    rows: dict[str, BenchmarkTiming] = {}
+    for data in result.benchmarks:
+        timed = BenchmarkTiming.from_dict(data)
+        timed.warmup_s += recorded[timed.label].warmup_s if timed.label in recorded else 0.0
+        rows[timed.label] = timed
+    m.mismatches = list(result.mismatches)
+    m.benchmarks = [rows[r.label] for r in m.benchmarks if r.label in rows]
+
+
+class _Gate:
+    """The grader's side of the timer's gate: the slot's lock held shared while the timer prepares, exclusively
+    while it times (``A``/``R`` from the timer, ``G`` back); the seconds spent waiting for the GPU."""
+
+    def __init__(self, lock: SharedExclusiveLock | None):
+        self.lock = lock
+        self.ask_r, self.ask_w = os.pipe()
+        self.go_r, self.go_w = os.pipe()
+        self.waited = 0.0
+        self._stack = contextlib.ExitStack()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+
+    def timer_fds(self) -> tuple[int, int]:
+        return self.ask_w, self.go_r
+
+    def start(self) -> None:
+        os.close(self.ask_w)
+        os.close(self.go_r)
+        self._thread.start()
+
+    def _hold(self, exclusive: bool) -> None:
+        if self.lock is not None:
+            started = time.monotonic()
+            self._stack.enter_context(self.lock.exclusive() if exclusive else self.lock.shared())
+            self.waited += time.monotonic() - started
+
+    def _serve(self) -> None:
+        self._hold(False)
+        try:
+            while (byte := os.read(self.ask_r, 1)) in (b"A", b"R"):
+                self._stack.close()  # the GPU is released before it is taken again, shared or alone
+                self._hold(byte == b"A")
+                if byte == b"A":
+                    os.write(self.go_w, b"G")
+        except OSError:
+            pass
+        finally:
+            self._stack.close()
+
+    def close(self) -> None:
+        for fd in (self.go_w, self.ask_r):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._thread.join(5.0)
+
+
+def _run(settings: RunSettings, jobs: list[TimerJob], *, scratch: Path, gpu_lock: SharedExclusiveLock | None
+         ) -> list[TimerResult | TimerFault | None]:
+    """One timer for ``jobs``: a result per job, a :class:`TimerResult` of failed rows for the job it was replaying
+    when it crashed or hung, None for the jobs it did not reach. Raises :class:`TimerFault` where it ended before
+    replaying anything."""
     scratch.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="timer-", dir=scratch))
+    gate = _Gate(gpu_lock)
     try:
-        (work / "job.json").write_text(json.dumps(job.to_dict()))
+        (work / "job.json").write_text(json.dumps({"jobs": [job.to_dict() for job in jobs]}))
         box = settings.sandbox
         inside = isolation.SCRATCH if box is not None else str(work)
         env = sandbox.minimal_env({"GRADER_DEVICE": settings.device, **settings.env}, home=inside)
+        ask, go = gate.timer_fds()
         argv = [sys.executable, "-I", "-u", "-c", _BOOT, _lib(settings, work), f"{inside}/job.json",
-                f"{inside}/result.json"]
+                f"{inside}/result.json", "--gate", f"{ask},{go}"]
         if box is not None:
             import grader
 
             binds = [isolation.Bind(str(Path(grader.__file__).resolve().parent), isolation.PACKAGE),
                      isolation.Bind(str(work), isolation.SCRATCH, "rw")]
             argv, env = box.command(argv, binds=binds, env=env, cwd=inside), {}
-        process = sandbox.Process(argv, cwd=str(work), env=env, rss_limit_bytes=None, output_cap=OUTPUT_CAP,
-                                  pid_namespace=box is not None)
-        limit = budget_s + SETUP_S
-        exited = process.wait(limit)
+        try:
+            process = sandbox.Process(argv, cwd=str(work), env=env, rss_limit_bytes=None, output_cap=OUTPUT_CAP,
+                                      pid_namespace=box is not None, pass_fds=(ask, go))
+        finally:
+            gate.start()
+        limit = sum(job.budget_s for job in jobs) + SETUP_S
+        started = time.monotonic()
+        while not (exited := process.wait(0.5)):
+            if time.monotonic() - started > limit + gate.waited:
+                break
         outcome = process.stop(timed_out=not exited)
-        result_file, progress = work / "result.json", work / PROGRESS
-        if result_file.is_file():
-            try:
-                result = TimerResult.from_dict(json.loads(result_file.read_text()))
-            except (ValueError, KeyError, TypeError) as exc:
-                raise TimerFault(f"the timer's result is unreadable: {exc}") from None
+        return _results(jobs, work, outcome, limit)
+    finally:
+        gate.close()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _results(jobs: list[TimerJob], work: Path, outcome: sandbox.Outcome, limit: float
+             ) -> list[TimerResult | TimerFault | None]:
+    results: list[TimerResult | TimerFault | None] = []
+    for index in range(len(jobs)):
+        path = job_result(work / "result.json", index)
+        if not path.is_file():
+            break
+        try:
+            result = TimerResult.from_dict(json.loads(path.read_text()))
+        except (ValueError, KeyError, TypeError) as exc:
+            result = TimerFault(f"the timer's result is unreadable: {exc}")
+        else:
             if result.error:
-                raise TimerFault(result.error)
-            return result
-        started = progress.read_text().split() if progress.is_file() else []
-        if not started:  # nothing of the student's ran: the timer itself is broken
+                result = TimerFault(result.error)
+        results.append(result)
+    if len(results) == len(jobs):
+        return results
+    progress = work / PROGRESS
+    started = [line.split(" ", 1) for line in progress.read_text().splitlines()] if progress.is_file() else []
+    started = [entry for entry in started if len(entry) == 2 and entry[0] == str(len(results))]
+    if not started:
+        if not results:  # nothing of the student's ran: the timer itself is broken
             raise TimerFault(f"the timer ended before replaying anything (exit {outcome.returncode}):\n"
                              f"{outcome.stderr.text()[-2000:]}")
+        results.append(TimerFault(f"the timer ended between two parts (exit {outcome.returncode})"))
+    else:
         why = (f"did not finish within {limit:g} s" if outcome.timed_out else
                f"crashed the timer ({outcome.signal_name or f'exit code {outcome.returncode}'})")
-        label = next((b for b in job.plans if b.replace(" ", "_") == started[-1]), started[-1])
-        rows = [BenchmarkTiming(label, error=f"the replayed kernels {why} while timing {label}").to_dict()]
-        return TimerResult("", rows)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+        job = jobs[len(results)]
+        label = next((b for b in job.plans if b.replace(" ", "_") == started[-1][1]), started[-1][1])
+        results.append(TimerResult("", [BenchmarkTiming(label, error=f"the replayed kernels {why} while timing "
+                                                               f"{label}").to_dict()]))
+    return results + [None] * (len(jobs) - len(results))
 
 
 def _lib(settings: RunSettings, work: Path) -> str:

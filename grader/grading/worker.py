@@ -34,7 +34,7 @@ def _run(request, exercise, modules: dict, device: str):
     NotImplementedError from a call that must raise or an extra check means "not written yet"."""
     from grader.checks import execute
     from grader.grading import protocol as p
-    from grader.speed import measure
+    from grader.speed import autotune, measure
 
     part = exercise.part(request.part)
     module = modules[part.name]
@@ -53,8 +53,13 @@ def _run(request, exercise, modules: dict, device: str):
                 return p.ExtraDone(request.id, dict(extra.execute(module, device)))
             except NotImplementedError as exc:
                 return p.NotImplementedYet(request.id, str(exc))
+        case p.WarmUp():
+            with autotune.mode(autotune.COMPILE):  # compiles every candidate config, times none
+                return p.WarmedUp(request.id, measure.warm_part(part, module))
         case p.RunSpeed():
-            measurement = measure.record_part(part, module, recheck_inputs=request.recheck_inputs)
+            autotune.forget_untimed()  # the grader holds the GPU alone now: autotune for real
+            with autotune.mode(autotune.TUNE):
+                measurement = measure.record_part(part, module, recheck_inputs=request.recheck_inputs)
             if any(b.not_implemented for b in measurement.benchmarks):
                 return p.NotImplementedYet(request.id, measurement.error or "not implemented")
             return p.SpeedDone(request.id, measurement)
@@ -105,11 +110,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from grader import exercises
     from grader.checks import loader, runtime
-    from grader.speed import timing
+    from grader.speed import autotune, timing
 
     runtime.configure()
     if job.device == "cuda":
         timing.capture_primitives()  # before any student code runs: what timing calls, as it is now
+    autotune.install(default=autotune.FIRST)  # correctness calls never time autotune candidates
     exercise = exercises.get(job.exercise)
     if job.call_timeout_s > 0:  # importing the module is student code too
         faulthandler.dump_traceback_later(job.call_timeout_s, exit=True, file=sys.stderr)
@@ -132,10 +138,15 @@ def main(argv: list[str] | None = None) -> int:
             reply = p.Raised(request.id, _describe(exc))
         finally:
             faulthandler.cancel_dump_traceback_later()
+        broken = runtime.cuda_broken() if job.device == "cuda" else None
+        if broken:  # said first: the grader charges this request, and runs the rest in a fresh worker
+            send(p.Poisoned(broken))
         try:
             send(reply)
         except Exception as exc:  # e.g. an output torch.save cannot write
             send(p.Raised(request.id, f"the result could not be sent to the grader: {type(exc).__name__}: {exc}"))
+        if broken:
+            break
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # do not wait for threads or atexit handlers the student may have left behind

@@ -256,6 +256,24 @@ def record_benchmark(part: Part, module: ModuleType, bench: Benchmark, *, warmup
     return plan, time.monotonic() - started
 
 
+def warm_part(part: Part, module: ModuleType) -> str | None:
+    """Call the student's code once on each benchmark's inputs (CUDA only): its kernels for those shapes are
+    compiled before :func:`record_part` runs, while the GPU is still shared. The first error, or None; the
+    speed measurement meets it again and reports it."""
+    call = student_call(part, module)
+    for bench in part.benchmarks:
+        inputs = input_sets(part, bench, 1, device="cuda")[0]
+        try:
+            call(timing.fresh_inputs(inputs))
+            torch.cuda.synchronize()
+        except Exception as exc:
+            return f"{part.functions[0]} raised {type(exc).__name__}"
+        finally:
+            del inputs
+            torch.cuda.empty_cache()
+    return None
+
+
 def record_part(part: Part, module: ModuleType, *, recheck_inputs: Inputs | None) -> SpeedMeasurement:
     """Record every benchmark of ``part`` (CUDA only), then call the student's code on ``recheck_inputs``.
     Stops at the first benchmark whose call raises: its error already costs the credit."""

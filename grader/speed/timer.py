@@ -1,25 +1,33 @@
-"""The trusted timer process: ``python -m grader.speed.timer JOB.json RESULT.json``.
+"""The trusted timer process: ``python -m grader.speed.timer JOBS.json RESULT.json [--gate ASK,GO]``.
 
-The grader starts one per student's speed-graded part, in a sandbox that shows it the grader package and
-a scratch folder only, never the submission: it could not import the student's module if it tried, and it
-imports nothing that does (a test holds it so). It reads a :class:`TimerJob` (the part, the timing budget
-and the :class:`~grader.speed.plan.LaunchPlan` the student's worker recorded for each benchmark), times
-every plan with :func:`grader.speed.trusted.time_plan` in a CUDA context of its own, and writes a
-:class:`TimerResult`. It holds no secret and nothing of another student: whatever a replayed kernel does
-to its GPU memory ends with the process.
+The grader starts one per student's exercise, in a sandbox that shows it the grader package and a scratch
+folder only, never the submission: it could not import the student's module if it tried, and it imports
+nothing that does (a test holds it so). It reads a :class:`TimerJob` per speed-graded part (the part, the
+timing budget and the :class:`~grader.speed.plan.LaunchPlan` the student's worker recorded for each
+benchmark), times every plan with :func:`grader.speed.trusted.time_plan` in a CUDA context of its own, and
+writes a :class:`TimerResult` per job as it finishes (``RESULT.json`` for the first, ``RESULT-1.json``, ... for
+the others). It holds no secret and nothing of another student: whatever a replayed kernel does to its GPU memory
+ends with the process.
+
+With ``--gate``, two pipe descriptors: before each benchmark's timed rounds the timer writes ``A`` to ASK and
+waits for a byte on GO (the grader grants it the GPU alone), and writes ``R`` after them. Its start-up, loading
+the kernels and the validation replays share the GPU with other students' correctness checks.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from grader.speed.plan import LaunchPlan, PlanError
 
-PROGRESS = "progress.txt"  # beside the result: the label of each benchmark as its replay starts
+PROGRESS = "progress.txt"  # beside the result: "<job> <label>" for each benchmark as its replay starts
 
 
 @dataclass
@@ -56,10 +64,35 @@ class TimerResult:
                    data.get("error"))
 
 
-def run(job: TimerJob, folder: Path) -> TimerResult:
-    """Time every plan of ``job`` (see the module docstring), working in ``folder``; the label of each
-    benchmark is appended to ``folder/PROGRESS`` before its kernels are loaded, so that whoever started the
-    timer knows which benchmark a crash or a hang belongs to."""
+def job_result(first: Path, index: int) -> Path:
+    """Where job ``index``'s result goes, given the first job's."""
+    return first if index == 0 else first.with_name(f"{first.stem}-{index}{first.suffix}")
+
+
+class Gate:
+    """The GPU alone for the timed rounds, granted by the grader through two pipes (no pipes: always granted)."""
+
+    def __init__(self, ask_fd: int | None = None, go_fd: int | None = None):
+        self.ask_fd, self.go_fd = ask_fd, go_fd
+
+    @contextlib.contextmanager
+    def alone(self) -> Iterator[None]:
+        if self.ask_fd is None or self.go_fd is None:
+            yield
+            return
+        os.write(self.ask_fd, b"A")
+        if os.read(self.go_fd, 1) != b"G":
+            raise RuntimeError("the grader closed the timer's gate")
+        try:
+            yield
+        finally:
+            os.write(self.ask_fd, b"R")
+
+
+def run(job: TimerJob, folder: Path, *, index: int = 0, gate: Gate | None = None) -> TimerResult:
+    """Time every plan of ``job`` (see the module docstring), working in ``folder``; ``"<index> <label>"`` is
+    appended to ``folder/PROGRESS`` before each benchmark's kernels are loaded, so that whoever started the timer
+    knows which benchmark a crash or a hang belongs to."""
     import torch
 
     from grader import exercises
@@ -71,9 +104,10 @@ def run(job: TimerJob, folder: Path) -> TimerResult:
     per_benchmark = job.budget_s / max(1, len(planned))
     for i, bench in enumerate(planned):
         with open(folder / PROGRESS, "a") as progress:
-            progress.write(bench.label.replace(" ", "_") + "\n")
-        timed = trusted.time_plan(part, bench, job.plans[bench.label], folder=folder / "replay" / f"b{i}",
-                                  budget_s=per_benchmark, baselines=job.baselines)
+            progress.write(f"{index} {bench.label.replace(' ', '_')}\n")
+        timed = trusted.time_plan(part, bench, job.plans[bench.label], folder=folder / "replay" / f"j{index}b{i}",
+                                  budget_s=per_benchmark, baselines=job.baselines,
+                                  alone=(gate or Gate()).alone)
         result.benchmarks.append(timed.row.to_dict())
         if timed.mismatch:
             result.mismatches.append(f"{bench.label}: {timed.mismatch}")
@@ -82,24 +116,34 @@ def run(job: TimerJob, folder: Path) -> TimerResult:
     return result
 
 
+def _write(path: Path, result: TimerResult) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result.to_dict()))
+    tmp.replace(path)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
+    args = list(sys.argv[1:] if argv is None else argv)
+    gate = Gate()
+    if len(args) == 4 and args[2] == "--gate":
+        ask, go = (int(fd) for fd in args[3].split(","))
+        gate, args = Gate(ask, go), args[:2]
     if len(args) != 2:
-        print("usage: python -m grader.speed.timer JOB.json RESULT.json", file=sys.stderr)
+        print("usage: python -m grader.speed.timer JOBS.json RESULT.json [--gate ASK,GO]", file=sys.stderr)
         return 2
-    job_path, result_path = Path(args[0]), Path(args[1])
+    job_path, first = Path(args[0]), Path(args[1])
     from grader.checks import runtime
 
     runtime.configure()
     try:
-        job = TimerJob.from_dict(json.loads(job_path.read_text()))
+        data = json.loads(job_path.read_text())
+        jobs = [TimerJob.from_dict(d) for d in (data["jobs"] if isinstance(data, dict) and "jobs" in data
+                                                 else [data])]
     except (PlanError, KeyError, TypeError, ValueError) as exc:
-        result = TimerResult("", error=f"the timer's job is malformed: {type(exc).__name__}: {exc}")
-    else:
-        result = run(job, result_path.parent)
-    tmp = result_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result.to_dict()))
-    tmp.replace(result_path)
+        _write(first, TimerResult("", error=f"the timer's job is malformed: {type(exc).__name__}: {exc}"))
+        return 0
+    for index, job in enumerate(jobs):
+        _write(job_result(first, index), run(job, first.parent, index=index, gate=gate))
     return 0
 
 

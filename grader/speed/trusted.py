@@ -16,6 +16,7 @@ kernel that behaves differently when replayed, an element never written) gives n
 
 from __future__ import annotations
 
+import contextlib
 import random
 import tempfile
 import time
@@ -107,9 +108,10 @@ def validate(part: Part, bench: Benchmark, replay: replay_mod.Replay, seed: int)
 
 def time_plan(part: Part, bench: Benchmark, plan: plan_mod.LaunchPlan, *, folder: Path, budget_s: float,
               baselines: list[str] | None = None, samples: list[float] | None = None,
-              extra: Mapping[str, Callable[[Any], Any]] | None = None) -> Timed:
+              extra: Mapping[str, Callable[[Any], Any]] | None = None,
+              alone: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext) -> Timed:
     """Check ``plan``, replay it, validate it, and time it against ``baselines`` (default: the grading
-    baselines) and ``extra`` candidates on ``bench``."""
+    baselines) and ``extra`` candidates on ``bench``; the timing inside ``alone()`` (the GPU held alone)."""
     started = time.monotonic()
     row = measure.BenchmarkTiming(bench.label)
     sources = measure.input_sets(part, bench, 1, device="cuda")
@@ -128,8 +130,9 @@ def time_plan(part: Part, bench: Benchmark, plan: plan_mod.LaunchPlan, *, folder
     try:
         mismatch = validate(part, bench, replay, rng.getrandbits(62))
         if mismatch is None:
-            row = measure.measure_benchmark(part, replay, bench, device="cuda", budget_s=budget_s,
-                                            baselines=baselines, samples=samples, extra=extra)
+            with alone():
+                row = measure.measure_benchmark(part, replay, bench, device="cuda", budget_s=budget_s,
+                                                baselines=baselines, samples=samples, extra=extra)
             if not row.error:
                 mismatch = validate(part, bench, replay, rng.getrandbits(62))
     except Exception as exc:  # a launch the driver refused, a kernel that faulted: the student's kernels

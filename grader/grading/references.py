@@ -1,0 +1,171 @@
+"""The batch's reference store: each hidden case's inputs and float64 reference outputs, computed once per
+batch and shared by every student of it (local workers and Slurm array tasks alike).
+
+A case is the same for every student of a batch (its shapes, dtypes and values come from the batch's secret or
+the course's ``cases_seed``), so its inputs and its reference are too: the first run that needs them computes and
+stores them, every later run loads them. The store lives in the output folder (``OUT/staff/references``), which
+no sandbox ever shows to student code.
+
+Every record is signed: an HMAC-SHA256, keyed by the batch's secret, over the record's identity (the exercise,
+the part, the case, the exercise spec's source and the torch version that computed it) and its bytes. A record
+that was changed, truncated, or copied from another batch (another secret) fails the check: it is refused by
+name (a warning, and :attr:`ReferenceStore.refused`) and computed again, never used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import inspect
+import io
+import json
+import os
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from grader.checks.spec import Case, Inputs, Part
+
+MAC_BYTES = 32
+
+
+def _spec_fingerprint(part: Part) -> str:
+    """The source of the module that defines the part's reference (a changed reference is a new record)."""
+    try:
+        source = inspect.getsource(inspect.getmodule(part.reference) or part.reference)
+    except (OSError, TypeError):
+        source = repr(part.reference)
+    return hashlib.sha256(source.encode()).hexdigest()[:16]
+
+
+@dataclass
+class ReferenceStore:
+    """Inputs and reference outputs per case, in ``folder``, signed with ``secret``. ``folder`` None: nothing is
+    stored (every run computes its own, as ``pytest`` and ``grader bench`` do)."""
+
+    folder: Path | None
+    secret: str
+    computed: int = 0  # references this process computed
+    reused: int = 0  # references this process loaded from the store
+    refused: list[str] = field(default_factory=list)  # records that failed their check, by name
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    # ------------------------------------------------------------------------------------------ names
+
+    def _identity(self, exercise: str, part: Part, case: Case) -> str:
+        return json.dumps({"exercise": exercise, "part": part.name, "case": case.to_dict(),
+                           "spec": _spec_fingerprint(part), "torch": torch.__version__}, sort_keys=True, default=str)
+
+    def path(self, exercise: str, part: Part, case: Case) -> Path | None:
+        if self.folder is None:
+            return None
+        digest = hashlib.sha256(self._identity(exercise, part, case).encode()).hexdigest()[:32]
+        return self.folder / exercise / part.name / f"{digest}.pt"
+
+    def _mac(self, identity: str, payload: bytes) -> bytes:
+        return hmac.new(self.secret.encode(), identity.encode() + b"\0" + payload, hashlib.sha256).digest()
+
+    # ------------------------------------------------------------------------------------------ records
+
+    def load(self, exercise: str, part: Part, case: Case) -> tuple[Inputs, dict[str, torch.Tensor]] | None:
+        """The stored inputs and reference of ``case``, or None (not stored yet, or refused)."""
+        path = self.path(exercise, part, case)
+        if path is None or not path.is_file():
+            return None
+        name = f"{exercise}/{part.name}/{path.name}"
+        try:
+            blob = path.read_bytes()
+        except OSError as exc:
+            self._refuse(name, f"cannot be read ({exc})")
+            return None
+        mac, payload = blob[:MAC_BYTES], blob[MAC_BYTES:]
+        if len(mac) != MAC_BYTES or not hmac.compare_digest(mac, self._mac(self._identity(exercise, part, case),
+                                                                           payload)):
+            self._refuse(name, "its signature does not match this batch (changed, truncated, or from another batch)")
+            return None
+        try:
+            record = torch.load(io.BytesIO(payload), weights_only=True)
+            inputs, expected = record["inputs"], record["expected"]
+        except Exception as exc:  # signed by us, yet unreadable: refuse it all the same
+            self._refuse(name, f"cannot be read ({type(exc).__name__}: {exc})")
+            return None
+        with self._lock:
+            self.reused += 1
+        return inputs, expected
+
+    def save(self, exercise: str, part: Part, case: Case, inputs: Inputs,
+             expected: dict[str, torch.Tensor]) -> None:
+        path = self.path(exercise, part, case)
+        if path is None:
+            return
+        buffer = io.BytesIO()
+        torch.save({"inputs": inputs, "expected": expected}, buffer)
+        payload = buffer.getvalue()
+        blob = self._mac(self._identity(exercise, part, case), payload) + payload
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+            with os.fdopen(fd, "wb") as f:
+                f.write(blob)
+            os.replace(tmp, path)  # atomic: a concurrent reader sees the whole record or none
+        except OSError as exc:  # a full disk costs time (the next run computes it again), never a grade
+            print(f"grader: could not store a reference ({exc})", file=sys.stderr)
+            with contextlib.suppress(OSError, UnboundLocalError):
+                os.unlink(tmp)
+
+    def count_computed(self) -> None:
+        with self._lock:
+            self.computed += 1
+
+    def _refuse(self, name: str, why: str) -> None:
+        with self._lock:
+            self.refused.append(f"{name}: {why}")
+        print(f"grader: refused the stored reference {name}: {why}; computing it again", file=sys.stderr)
+
+
+class CaseReferences:
+    """One exercise run's view of the store: :meth:`inputs` for the request, then :meth:`expected` for the
+    verdict (loaded with the inputs, or computed from them and stored)."""
+
+    def __init__(self, store: ReferenceStore, exercise: str):
+        self.store, self.exercise = store, exercise
+        self.computed = self.reused = 0  # this run's, for grader grade --profile
+        self._loaded: dict[tuple[str, str], dict[str, torch.Tensor]] = {}
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _key(part: Part, case: Case) -> tuple[str, str]:
+        return part.name, json.dumps(case.to_dict(), sort_keys=True, default=str)
+
+    def inputs(self, part: Part, case: Case) -> Inputs:
+        found = self.store.load(self.exercise, part, case)
+        if found is None:
+            return part.make_inputs(case)
+        inputs, expected = found
+        with self._lock:
+            self._loaded[self._key(part, case)] = expected
+            self.reused += 1
+        return inputs
+
+    def expected(self, part: Part, case: Case, inputs: Inputs) -> dict[str, Any]:
+        with self._lock:  # kept, not popped: two items may put the same case
+            expected = self._loaded.get(self._key(part, case))
+        if expected is not None:
+            return expected
+        expected = part.reference(inputs)
+        self.store.count_computed()
+        with self._lock:
+            self.computed += 1
+        self.store.save(self.exercise, part, case, inputs, expected)
+        return expected
+
+
+def local(secret: str = "") -> ReferenceStore:
+    """A store that keeps nothing: every reference is computed (runs outside a batch folder)."""
+    return ReferenceStore(None, secret)

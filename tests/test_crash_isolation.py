@@ -1,0 +1,66 @@
+"""A crash is charged to the check that caused it, never to the ones after it. A FlashAttention whose public
+forward breaks its process (tests/crash/breaks_forward.py) loses the forward part's checks only; its backward
+and autograd parts, whose code is the reference's, score as the reference's do in the same batch. On a CPU the
+forward segfaults on every call; on a GPU it makes an illegal memory access at benchmark size, during the speed
+measurement, which leaves the worker's CUDA context broken for every later call of that process."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from grader.grading import config
+from grader.grading import grade as grade_cmd
+
+from .crash import breaks_forward
+from .sandboxing import sandbox_options
+
+REPO = Path(__file__).parent.parent
+
+
+def _grade(tmp_path):
+    shutil.copytree(REPO / "solutions", tmp_path / "reference")
+    breaks_forward.write(tmp_path / "breaks_forward")
+    options = config.GradeOptions(exercises=("flash_attention",), timeout_s=600.0, call_timeout_s=120.0,
+                                  random_cases=0, secret="crash-test", **sandbox_options())
+    batch = grade_cmd.grade([str(tmp_path / "reference"), str(tmp_path / "breaks_forward")], out=tmp_path / "out",
+                            options=options)
+    scores = {}
+    for report in batch.reports:
+        (score, result), = report.exercises
+        scores[report.student] = ({line.part: line for line in score.lines if line.component == "correctness"},
+                                  {p.name: p for p in result.parts}, result)
+    return scores
+
+
+def _others_score_as_the_reference(scores) -> None:
+    lines, parts, _ = scores["breaks_forward"]
+    ref_lines, ref_parts, _ = scores["reference"]
+    for part in ("backward", "autograd"):
+        assert lines[part].score == pytest.approx(ref_lines[part].score), parts[part].checks
+        assert lines[part].score > 0
+        assert [c.status for c in parts[part].checks] == [c.status for c in ref_parts[part].checks]
+
+
+@pytest.mark.slow
+def test_a_crashing_part_costs_only_its_own_checks(tmp_path):
+    scores = _grade(tmp_path)
+    lines, parts, _ = scores["breaks_forward"]
+    assert lines["forward"].score == 0
+    assert any("crashed with SIGSEGV" in c.message for c in parts["forward"].checks)
+    _others_score_as_the_reference(scores)
+
+
+@pytest.mark.gpu
+def test_a_kernel_that_breaks_the_cuda_context_costs_only_its_own_check(tmp_path):
+    scores = _grade(tmp_path)
+    lines, parts, result = scores["breaks_forward"]
+    ref_lines, _, _ = scores["reference"]
+    assert lines["forward"].score == pytest.approx(ref_lines["forward"].score)  # its correctness cases are small
+    assert parts["forward"].speed.status == "failed" and parts["forward"].speed.fraction == 0
+    assert "left the CUDA context broken" in parts["forward"].speed.message
+    assert any("illegal memory access" in p for p in result.problems)
+    _others_score_as_the_reference(scores)
+    assert parts["autograd"].speed.status == "measured" and parts["autograd"].speed.fraction > 0

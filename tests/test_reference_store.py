@@ -1,0 +1,106 @@
+"""The batch's reference store: the hidden cases' inputs and float64 references are computed once per batch and
+reused by every later student; a record that was changed or comes from another batch is refused by name and
+computed again, never used."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from grader import exercises
+from grader.checks.spec import Case
+from grader.grading import config, store
+from grader.grading import grade as grade_cmd
+from grader.grading.references import CaseReferences, ReferenceStore
+
+from .sandboxing import sandbox_options
+
+REPO = Path(__file__).parent.parent
+
+
+def _case(part, seed: int = 7) -> Case:
+    return part.examples[0].with_seed(seed)
+
+
+def _fill(folder: Path, secret: str = "s1"):
+    part = exercises.get("gelu").part("forward")
+    case = _case(part)
+    refs = CaseReferences(ReferenceStore(folder, secret), "gelu")
+    inputs = refs.inputs(part, case)
+    expected = refs.expected(part, case, inputs)
+    assert (refs.computed, refs.reused) == (1, 0)
+    return part, case, inputs, expected
+
+
+def test_a_second_run_reuses_the_stored_reference(tmp_path):
+    part, case, inputs, expected = _fill(tmp_path)
+    again = CaseReferences(ReferenceStore(tmp_path, "s1"), "gelu")
+    loaded = again.inputs(part, case)
+    assert all(torch.equal(loaded[k], v) for k, v in inputs.items() if isinstance(v, torch.Tensor))
+    got = again.expected(part, case, loaded)
+    assert all(torch.equal(got[k], v) for k, v in expected.items())
+    assert (again.computed, again.reused) == (0, 1)
+
+
+def test_another_case_is_not_served_from_the_store(tmp_path):
+    part, _, _, _ = _fill(tmp_path)
+    other = CaseReferences(ReferenceStore(tmp_path, "s1"), "gelu")
+    other_case = _case(part, seed=8)
+    other.expected(part, other_case, other.inputs(part, other_case))
+    assert (other.computed, other.reused) == (1, 0)
+
+
+@pytest.mark.parametrize("damage", ["flip a byte", "truncate", "another batch's secret"])
+def test_a_changed_or_foreign_record_is_refused_by_name_and_computed_again(tmp_path, damage, capsys):
+    part, case, _, expected = _fill(tmp_path)
+    path = ReferenceStore(tmp_path, "s1").path("gelu", part, case)
+    secret = "s1"
+    if damage == "flip a byte":
+        blob = bytearray(path.read_bytes())
+        blob[-10] ^= 0xFF
+        path.write_bytes(bytes(blob))
+    elif damage == "truncate":
+        path.write_bytes(path.read_bytes()[:100])
+    else:
+        secret = "s2"  # the same files, read by a batch with another secret (a copied folder)
+    reader = ReferenceStore(tmp_path, secret)
+    refs = CaseReferences(reader, "gelu")
+    got = refs.expected(part, case, refs.inputs(part, case))
+    assert (refs.computed, refs.reused) == (1, 0)  # never used: computed again
+    assert len(reader.refused) == 1 and path.name in reader.refused[0]
+    assert "refused the stored reference gelu/forward/" + path.name in capsys.readouterr().err
+    assert all(torch.equal(got[k], v) for k, v in expected.items())
+
+
+def test_a_forged_record_with_wrong_outputs_is_refused(tmp_path):
+    """A record rewritten whole (right format, wrong reference) without the secret cannot be signed."""
+    part, case, inputs, expected = _fill(tmp_path)
+    forger = ReferenceStore(tmp_path, "not-the-secret")
+    path = ReferenceStore(tmp_path, "s1").path("gelu", part, case)
+    forged = {k: torch.zeros_like(v) for k, v in expected.items()}
+    forger.save("gelu", part, case, inputs, forged)  # same path: the name does not depend on the secret
+    assert forger.path("gelu", part, case) == path
+    reader = ReferenceStore(tmp_path, "s1")
+    refs = CaseReferences(reader, "gelu")
+    got = refs.expected(part, case, refs.inputs(part, case))
+    assert reader.refused and all(torch.equal(got[k], v) for k, v in expected.items())
+
+
+def test_a_batch_computes_each_reference_once(tmp_path):
+    """Two students of one batch: the second computes no reference (the state files record the counts)."""
+    shutil.copytree(REPO / "solutions", tmp_path / "a")
+    shutil.copytree(REPO / "solutions", tmp_path / "b")
+    out = tmp_path / "out"
+    options = config.GradeOptions(exercises=("gelu",), jobs=1, timeout_s=120.0, call_timeout_s=20.0, random_cases=3,
+                                  secret="test-secret", **sandbox_options())
+    grade_cmd.grade([str(tmp_path / "a"), str(tmp_path / "b")], out=out, options=options)
+    counts = {s: json.loads((out / "students" / s / "state" / "gelu.json").read_text())["counts"]
+              for s in store.students(out)}
+    first, second = sorted(counts.values(), key=lambda c: -c["references computed"])
+    assert first["references computed"] > 0 and first["references reused"] == 0
+    assert second == {"references computed": 0, "references reused": first["references computed"]}
+    assert any((out / store.REFERENCES / "gelu" / "forward").iterdir())
