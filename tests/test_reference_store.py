@@ -104,3 +104,40 @@ def test_a_batch_computes_each_reference_once(tmp_path):
     assert first["references computed"] > 0 and first["references reused"] == 0
     assert second == {"references computed": 0, "references reused": first["references computed"]}
     assert any((out / store.REFERENCES / "gelu" / "forward").iterdir())
+
+
+def test_runs_that_need_a_case_at_once_compute_it_once(tmp_path):
+    """Eight runs of one process ask for the same case's reference at the same moment: one computes, seven wait
+    for it and load it."""
+    import dataclasses
+    import threading
+    import time
+
+    real = exercises.get("gelu").part("forward")
+    calls = []
+
+    def slow_reference(inputs):
+        calls.append(1)
+        time.sleep(0.3)
+        return real.reference(inputs)
+
+    part = dataclasses.replace(real, reference=slow_reference)
+    case = _case(real)
+    store_ = ReferenceStore(tmp_path, "s1")
+    runs = [CaseReferences(store_, "gelu") for _ in range(8)]
+    inputs = part.make_inputs(case)
+    barrier = threading.Barrier(len(runs))
+    results = [None] * len(runs)
+
+    def ask(i):
+        barrier.wait()
+        results[i] = runs[i].expected(part, case, inputs)
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(runs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1
+    assert sum(r.computed for r in runs) == 1 and sum(r.reused for r in runs) == 7
+    assert all(torch.equal(r["y"], results[0]["y"]) for r in results)

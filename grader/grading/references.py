@@ -55,6 +55,8 @@ class ReferenceStore:
     reused: int = 0  # references this process loaded from the store
     refused: list[str] = field(default_factory=list)  # records that failed their check, by name
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _computing: dict[Path, threading.Event] = field(default_factory=dict, repr=False)  # in this process, now
+    _refused_names: set[str] = field(default_factory=set, repr=False)
 
     # ------------------------------------------------------------------------------------------ names
 
@@ -79,6 +81,8 @@ class ReferenceStore:
         if path is None or not path.is_file():
             return None
         name = f"{exercise}/{part.name}/{path.name}"
+        if name in self._refused_names:  # said once; computed again and overwritten by the run that refused it
+            return None
         try:
             blob = path.read_bytes()
         except OSError as exc:
@@ -104,6 +108,8 @@ class ReferenceStore:
         path = self.path(exercise, part, case)
         if path is None:
             return
+        with self._lock:
+            self._refused_names.discard(f"{exercise}/{part.name}/{path.name}")  # replaced by a good record
         buffer = io.BytesIO()
         torch.save({"inputs": inputs, "expected": expected}, buffer)
         payload = buffer.getvalue()
@@ -119,13 +125,38 @@ class ReferenceStore:
             with contextlib.suppress(OSError, UnboundLocalError):
                 os.unlink(tmp)
 
-    def count_computed(self) -> None:
-        with self._lock:
-            self.computed += 1
+    def reference(self, exercise: str, part: Part, case: Case, inputs: Inputs) -> tuple[dict[str, Any], bool]:
+        """The reference of ``case`` (computed from ``inputs``): stored, or computed and stored; and whether it
+        was computed here. Runs of this process that need the same case at once compute it once: the others wait
+        for it (a computation never waits for anything, so no two runs wait for each other)."""
+        path = self.path(exercise, part, case)
+        if path is None:
+            return part.reference(inputs), True
+        while True:
+            found = self.load(exercise, part, case)
+            if found is not None:
+                return found[1], False
+            with self._lock:
+                running = self._computing.get(path)
+                if running is None:
+                    self._computing[path] = threading.Event()
+            if running is None:
+                break
+            running.wait(600.0)  # then load what it stored (or compute, if it failed)
+        try:
+            expected = part.reference(inputs)
+            with self._lock:
+                self.computed += 1
+            self.save(exercise, part, case, inputs, expected)
+            return expected, True
+        finally:
+            with self._lock:
+                self._computing.pop(path).set()
 
     def _refuse(self, name: str, why: str) -> None:
         with self._lock:
             self.refused.append(f"{name}: {why}")
+            self._refused_names.add(name)
         print(f"grader: refused the stored reference {name}: {why}; computing it again", file=sys.stderr)
 
 
@@ -158,11 +189,12 @@ class CaseReferences:
             expected = self._loaded.get(self._key(part, case))
         if expected is not None:
             return expected
-        expected = part.reference(inputs)
-        self.store.count_computed()
+        expected, computed = self.store.reference(self.exercise, part, case, inputs)
         with self._lock:
-            self.computed += 1
-        self.store.save(self.exercise, part, case, inputs, expected)
+            if computed:
+                self.computed += 1
+            else:
+                self.reused += 1
         return expected
 
 
