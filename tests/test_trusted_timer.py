@@ -78,9 +78,11 @@ def test_the_timers_sandbox_shows_it_no_submission(tmp_path, monkeypatch):
         timer_process.time_measurement(settings, "gelu", "forward", SpeedMeasurement(
             "GPU", [BenchmarkTiming("fp32-4096x8192")], plans={"fp32-4096x8192": toy_plan()}), budget_s=1.0,
             scratch=tmp_path / "scratch")
-    dests = {b.dest for b in seen["binds"]}
-    assert dests == {isolation.PACKAGE, isolation.SCRATCH}
-    assert isolation.SUBMISSION not in dests and isolation.TRITON_CACHE not in dests
+    binds = {b.dest: b.source for b in seen["binds"]}
+    assert set(binds) == {isolation.PACKAGE, isolation.SCRATCH, isolation.TRITON_CACHE}
+    assert isolation.SUBMISSION not in binds
+    # its Triton cache is the batch's timer cache, in the grader's workspace: never a student's
+    assert binds[isolation.TRITON_CACHE] == str(settings.workdir / timer_process.TIMER_CACHE)
     assert "grader.speed.timer" in " ".join(seen["argv"])
 
 

@@ -3,8 +3,9 @@
 The worker recorded a :class:`~grader.speed.plan.LaunchPlan` per benchmark of each speed-graded part and has
 ended (with every process it started) before the timer starts: nothing of the student's runs beside it. One
 timer times every part of the exercise. It runs in a sandbox of its own (:mod:`grader.grading.isolation`) that
-shows it the grader package and a fresh scratch folder, never the submission, the student's Triton cache or the
-output folder; it gets its jobs as a file in that scratch and leaves a result per part there.
+shows it the grader package, a fresh scratch folder and the batch's timer cache (:data:`TIMER_CACHE`), never the
+submission, the student's Triton cache or the output folder; it gets its jobs as a file in that scratch and leaves
+a result per part there.
 
 It shares the GPU (the slot's lock, held shared) while it starts, loads the kernels and validates the replays,
 and asks for it alone, through two pipes, for each benchmark's timed rounds (:class:`_Gate`). Its time is bounded
@@ -35,6 +36,10 @@ from grader.speed.plan import LaunchPlan
 from grader.speed.timer import PROGRESS, TimerJob, TimerResult, job_result
 
 SETUP_S = 120.0  # start-up, loading the kernels, building launchers, validation replays
+# The timers' own Triton cache (the C launchers Triton builds for each kernel signature, its CUDA utilities), in
+# the batch's private workspace: shared by the batch's timers, which run only the grader's code, and never shown
+# to a worker (a student's cache is the student's own).
+TIMER_CACHE = "timer-triton-cache"
 OUTPUT_CAP = 1 << 20
 
 _BOOT = supervise.boot("grader.speed.timer")  # as the worker is started: only the grader package importable
@@ -171,6 +176,9 @@ def _run(settings: RunSettings, jobs: list[TimerJob], *, scratch: Path, gpu_lock
         box = settings.sandbox
         inside = isolation.SCRATCH if box is not None else str(work)
         env = sandbox.minimal_env({"GRADER_DEVICE": settings.device, **settings.env}, home=inside)
+        cache = settings.workdir / TIMER_CACHE  # Triton's launchers, built once for every timer of the batch
+        cache.mkdir(parents=True, exist_ok=True)
+        env["TRITON_CACHE_DIR"] = isolation.TRITON_CACHE if box is not None else str(cache)
         ask, go = gate.timer_fds()
         argv = [sys.executable, "-I", "-u", "-c", _BOOT, _lib(settings, work), f"{inside}/job.json",
                 f"{inside}/result.json", "--gate", f"{ask},{go}"]
@@ -178,7 +186,8 @@ def _run(settings: RunSettings, jobs: list[TimerJob], *, scratch: Path, gpu_lock
             import grader
 
             binds = [isolation.Bind(str(Path(grader.__file__).resolve().parent), isolation.PACKAGE),
-                     isolation.Bind(str(work), isolation.SCRATCH, "rw")]
+                     isolation.Bind(str(work), isolation.SCRATCH, "rw"),
+                     isolation.Bind(str(cache), isolation.TRITON_CACHE, "rw")]
             argv, env = box.command(argv, binds=binds, env=env, cwd=inside), {}
         try:
             process = sandbox.Process(argv, cwd=str(work), env=env, rss_limit_bytes=None, output_cap=OUTPUT_CAP,
