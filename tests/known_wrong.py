@@ -13,6 +13,8 @@ Its description (an edit's ``doc``, a file's module docstring) declares, one per
 
     expect: <part>.<check>: <regex>   this check must fail with a message matching regex
     passes: <part>.<check>            this check must pass (so the fixture fails on the right test)
+    hint: <part>: <kind>              the hint its part's failing checks point to (formula, boundary, layout);
+                                      a part whose correctness fails and declares none must get no hint
     slower: <part>                    (slowed fixtures) the part whose speed credit it must lose
 
 where <check> is a kind of check from :mod:`grader.checks.catalog` — ``examples``, ``random``,
@@ -86,6 +88,16 @@ class Fixture:
             if m:
                 found.append(Expectation(m[1], m[2], m[3], (m[4] or "").strip()))
         return tuple(found)
+
+    @property
+    def hints(self) -> dict[str, str]:
+        """part -> the kind of hint its failing correctness checks must point to."""
+        found = {}
+        for line in self.doc.splitlines():
+            if line.startswith("hint:"):
+                part, kind = (x.strip() for x in line.split(":", 1)[1].split(":", 1))
+                found[part] = kind
+        return found
 
     @property
     def slower(self) -> tuple[str, ...]:

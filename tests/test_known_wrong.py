@@ -134,3 +134,46 @@ def test_fixtures_are_written_as_submission_folders(tmp_path):
         exercise = exercises.get(modules[0].parent.name)
         assert loader.module_path(folder, exercise) == modules[0]
         assert len(folder.name) <= 64 and "." not in folder.name  # a valid student id
+
+
+def _hinted_parts(fixture: KnownWrong) -> list[str]:
+    return sorted({e.part for e in fixture.expectations if e.kind == "expect" and e.check in ("correctness",
+                                                                                               "examples", "random")})
+
+
+HINTED = [(f, p) for f in FIXTURES for p in _hinted_parts(f)]
+
+
+@pytest.mark.parametrize(("fixture", "part_name"), HINTED, ids=[f"{f.id}.{p}" for f, p in HINTED])
+def test_a_part_gets_the_hint_its_errors_support_and_no_other(fixture: KnownWrong, part_name: str):
+    """The hint a report leads with (the kind a third of the failing checks give, or the layout of the failing
+    cases) is the one the fixture declares (``hint: part: kind``), and none where it declares none: a hint that
+    speaks where the errors do not support it sends a student after the wrong bug."""
+    from grader.checks.compare import hint_kind, inputs_contiguous
+    from grader.grading.results import FAILED, GRADED, PASSED, CheckResult, PartResult
+
+    exercise = exercises.get(fixture.exercise)
+    part = exercise.part(part_name)
+    device = configure().device
+    try:
+        module = loader.load(tree_or_fail(fixture), exercise, part.functions)
+    except loader.LoadError:
+        pytest.skip("the module does not load: no case runs, no hint")
+    cases = [c for c in part.examples if part.skip(c, device) is None] + cases_mod.draw(part, device, N_RANDOM, seed=0)
+    checks = []
+    for i, case in enumerate(cases):
+        inputs = part.make_inputs(case)
+        verdict = verdicts.correctness(part, case, inputs, execute.execute(part, module, inputs, device), device)
+        size = sum(v.numel() for v in inputs.values() if hasattr(v, "numel"))
+        status = PASSED if verdict.passed else FAILED
+        checks.append(CheckResult(f"{part_name}.random[{i}]", "random", case.label, status, verdict.message, None,
+                                  size, inputs_contiguous(inputs)))
+    result = PartResult(part_name, GRADED, checks=checks)
+    common = result.common_hint()
+    shown = {hint_kind(common[0])} if common else set()
+    if result.layout_hint():
+        shown.add("layout")
+    declared = fixture.hints.get(part_name)
+    assert shown == ({declared} if declared else set()), (
+        f"{fixture.id}: {part_name} is told {sorted(shown) or 'no hint'}, declared {declared or 'none'}"
+        + (f"\nhint: {common[0]} ({common[1]} of {common[2]} failing checks)" if common else ""))

@@ -47,12 +47,16 @@ def test_a_checks_reason_is_its_mismatch_line_and_the_common_hint_counts_failing
     from grader.grading.results import FAILED, PASSED, CheckResult, PartResult
 
     message = ("gelu is wrong on\ncase Case(shape=(7,), dtype='float32')\n  x: shape (7,), float32\n"
-               "y: 3 of 7 elements differ (atol=1e-05)\n  hint: the errors are small\n")
+               "y: 3 of 7 elements differ (atol=1e-05)\n  hint: the errors are small: a slightly wrong formula\n")
     wrong = CheckResult("forward.random[0]", "random", "shape=7", FAILED, message)
-    assert wrong.reason == "y: 3 of 7 elements differ (atol=1e-05)" and wrong.hints() == ["the errors are small"]
+    assert wrong.reason == "y: 3 of 7 elements differ (atol=1e-05)"
+    assert wrong.hints() == ["the errors are small: a slightly wrong formula"]
     raised = CheckResult("forward.examples[x]", "example", "x", FAILED, "gelu raised ValueError: no\n  frame")
     assert raised.reason == "gelu raised ValueError: no"
     part = PartResult("forward", "graded", checks=[wrong, raised, CheckResult("b", "bad_input", "b", PASSED)])
-    assert part.common_hint() == ("the errors are small", 1, 2)
+    assert part.common_hint() == ("the errors are small: a slightly wrong formula", 1, 2)
+    # one failing check of four gives it: too few to be the part's hint
+    others = [CheckResult(f"forward.random[{i}]", "random", "s", FAILED, "gelu raised ValueError: no") for i in (1, 2)]
+    assert PartResult("forward", "graded", checks=[wrong, raised, *others]).common_hint() is None
     assert [(kind, len(checks)) for kind, checks in part.checks_by_kind()] == [
         ("fixed examples", 1), ("random cases", 1), ("bad inputs", 1)]

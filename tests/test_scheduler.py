@@ -19,6 +19,7 @@ from grader.grading import gpus, scheduler
 from grader.grading.results import GRADED, ExerciseResult
 from grader.grading.scheduler import Scheduler, Task
 from grader.grading.slots import SharedExclusiveLock, Slot
+from tests.locks import SpyLock
 
 GELU = exercises.get("gelu")
 FAKE = [gpus.Gpu(i, "Fake H100", f"GPU-fake-{i}", str(i)) for i in range(4)]
@@ -277,22 +278,6 @@ from solutions_gelu import gelu  # noqa: F401  (not importable: the worker sees 
 '''
 
 
-class _SpyLock(SharedExclusiveLock):
-    """Records how the lock was held while each request was with the worker."""
-
-    def __init__(self):
-        super().__init__()
-        self.modes: list[str] = []
-
-    def shared(self):
-        self.modes.append("shared")
-        return super().shared()
-
-    def exclusive(self):
-        self.modes.append("exclusive")
-        return super().exclusive()
-
-
 @pytest.mark.slow
 def test_the_slot_pins_the_worker_and_the_result_names_its_gpu(tmp_path):
     from grader.grading import config, runner
@@ -320,7 +305,7 @@ def test_supervise_holds_the_gpu_alone_for_the_speed_item(tmp_path):
     # a speed request the worker answers at once (no such part), instead of timing in the interpreter for long
     quick = dataclasses.replace(speed, part=dataclasses.replace(speed.part, name="no-such-part"), recheck=None)
     items = [*[it for it in planned if it.role == "example"][:2], quick]
-    lock = _SpyLock()
+    lock = SpyLock()
     (tmp_path / "scratch").mkdir()
     supervise.run(GELU, Path(__file__).resolve().parents[1] / "solutions", items, settings,
                   scratch=tmp_path / "scratch", gpu_lock=lock)

@@ -19,6 +19,7 @@ from grader.speed import plan as plan_mod
 from grader.speed import timer, trusted
 from grader.speed.measure import BenchmarkTiming, SpeedMeasurement
 from grader.speed.plan import Arg, Buffer, LaunchPlan, Step, View
+from tests.locks import SpyLock
 from tests.plans import toy_plan
 
 INPUTS = {"x": 4096}  # the toy plan's input: 1024 float32
@@ -103,22 +104,7 @@ def test_a_timer_that_dies_before_any_replay_is_the_graders_fault_and_after_one_
 def test_the_timer_holds_the_gpu_alone_only_for_its_timed_rounds(tmp_path, monkeypatch):
     """The timer shares the GPU while it prepares and asks for it alone around the timed rounds (the gate): a
     stand-in timer asks, checks that the grader's lock is exclusive while it is granted, and releases it."""
-    from grader.grading.slots import SharedExclusiveLock
-
-    class Spy(SharedExclusiveLock):
-        def __init__(self):
-            super().__init__()
-            self.modes: list[str] = []
-
-        def shared(self):
-            self.modes.append("shared")
-            return super().shared()
-
-        def exclusive(self):
-            self.modes.append("exclusive")
-            return super().exclusive()
-
-    lock = Spy()
+    lock = SpyLock()
     row = BenchmarkTiming("fp32-4096x8192", times={}).to_dict()
     result = json.dumps(timer.TimerResult("GPU", [row]).to_dict())
     boot = ("import sys, os, pathlib; ask, go = map(int, sys.argv[-1].split(',')); os.write(ask, b'A'); "

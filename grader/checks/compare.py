@@ -119,24 +119,37 @@ def _small_error_hint(bad: torch.Tensor, bad_finite: torch.Tensor, max_abs: floa
 
 
 def _boundary_hint(bad: torch.Tensor) -> str | None:
-    """The errors start at a block boundary, everything before it is right and the block that starts there is
-    wrong throughout (not a few scattered elements that happen to start on a multiple of 16): a mask or the grid."""
+    """Everything before a block boundary is right and everything from it to the end is wrong (in every row, or in
+    row-major order): what a mask, the grid, a loop bound or state carried from one block to the next gives — not a
+    few scattered elements that happen to start on a multiple of 16, nor a wrong value everywhere."""
     if bad.dim() >= 2:
         rows = bad.reshape(-1, bad.shape[-1])
         columns = rows.any(dim=0).nonzero()
         first = int(columns[0]) if len(columns) else 0
-        if first >= MIN_BLOCK and first % MIN_BLOCK == 0 and bool(rows[:, first:first + MIN_BLOCK].all()):
-            return (f"in every row the first {first} columns are right and the errors start at column {first} (a "
-                    f"multiple of {first & -first}): a block boundary — check the mask and that the loop or grid "
-                    "covers the columns past the first block")
+        if first >= MIN_BLOCK and first % MIN_BLOCK == 0 and bool(rows[:, first:].all()):
+            return (f"in every row the first {first} columns are right and every column from {first} on (a multiple "
+                    f"of {first & -first}) is wrong: a block boundary — check the mask, and that the loop or grid "
+                    f"covers the columns past the first block")
     flat = bad.reshape(-1)
     found = flat.nonzero()
     first = int(found[0]) if len(found) else 0
-    if first >= MIN_BLOCK and first % MIN_BLOCK == 0 and bool(flat[first:first + MIN_BLOCK].all()):
-        return (f"the first {first} elements (in row-major order) are right and the errors start at element {first} "
-                f"(a multiple of {first & -first}): a block boundary — check the mask and that the grid covers "
-                "every block (triton.cdiv)")
+    if first >= MIN_BLOCK and first % MIN_BLOCK == 0 and bool(flat[first:].all()):
+        return (f"the first {first} elements (in row-major order) are right and every element from {first} on (a "
+                f"multiple of {first & -first}) is wrong: a block boundary — check the mask, that the grid covers "
+                "every block (triton.cdiv), and what is carried from one block to the next")
     return None
+
+
+HINT_KINDS = {  # a phrase each kind of hint says, and its kind (reports group the hints of a part's checks by kind)
+    "slightly wrong formula": "formula",
+    "a block boundary": "boundary",
+    "non-contiguous input": "layout",
+}
+HINT_SUPPORT = 1 / 3  # a part's hint is told only when at least this share of its failing checks give it
+
+
+def hint_kind(hint: str) -> str | None:
+    return next((kind for phrase, kind in HINT_KINDS.items() if phrase in hint), None)
 
 
 def inputs_contiguous(inputs: Inputs) -> bool:
@@ -149,7 +162,8 @@ def layout_hint(outcomes: Iterable[tuple[bool, bool]]) -> str | None:
     input while the contiguous cases pass."""
     outcomes = list(outcomes)
     failed = [contiguous for contiguous, passed in outcomes if not passed]
-    if not failed or any(failed) or not any(contiguous and passed for contiguous, passed in outcomes):
+    # two contiguous cases that pass at least: one may pass for another reason (a default argument, say)
+    if not failed or any(failed) or sum(contiguous and passed for contiguous, passed in outcomes) < 2:
         return None
     which = "the failing case has" if len(failed) == 1 else f"all {len(failed)} failing cases have"
     return (f"{which} a non-contiguous input (transposed or strided) and every case with contiguous inputs "

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from grader.checks.compare import layout_hint
+from grader.checks.compare import HINT_SUPPORT, hint_kind, layout_hint
 
 PASSED, FAILED, SKIPPED, GRADER_ERROR = "passed", "failed", "skipped", "grader error"
 GRADED, NOT_IMPLEMENTED, NOT_SUBMITTED, ERROR, NEEDS_REGRADE = (
@@ -160,17 +160,22 @@ class PartResult:
         return [(title, checks) for title, checks in grouped if checks]
 
     def common_hint(self) -> tuple[str, int, int] | None:
-        """The hint most of the failing checks give, with how many give it, of how many failed: the cause the
-        errors point to, read from every failing check rather than the smallest one alone."""
-        failing = [c for c in self.correctness if c.status == FAILED]
-        counts: dict[str, int] = {}
+        """The hint the failing checks point to, with how many give that kind of hint, of how many failed: the
+        kind most of them give, told only where at least a third do (one odd case is no pattern); its text is the
+        smallest failing check's."""
+        failing = sorted((c for c in self.correctness if c.status == FAILED),
+                         key=lambda c: (c.size is None, c.size or 0))
+        by_kind: dict[str, list[str]] = {}
         for check in failing:
-            for hint in dict.fromkeys(check.hints()):
-                counts[hint] = counts.get(hint, 0) + 1
-        if not counts:
+            for kind, text in {hint_kind(h): h for h in check.hints()}.items():
+                if kind is not None:
+                    by_kind.setdefault(kind, []).append(text)
+        if not by_kind:
             return None
-        hint, n = max(counts.items(), key=lambda kv: kv[1])
-        return hint, n, len(failing)
+        kind, texts = max(by_kind.items(), key=lambda kv: len(kv[1]))
+        if len(texts) < HINT_SUPPORT * len(failing):
+            return None
+        return texts[0], len(texts), len(failing)
 
     def layout_hint(self) -> str | None:
         """What the correctness cases together suggest (failures only on non-contiguous inputs: strides)."""
