@@ -43,6 +43,7 @@ def run(args: argparse.Namespace) -> int:  # "list"
             return 2
     all_ex = exercises.all_exercises()
     unit = f"points of {course.total:g}" if course else "points as declared"
+    defaults = False
     for exercise in all_ex:
         factor = course.factor(exercise, all_ex) if course else 1.0
         print(f"{exercise.name:16} {exercise.title}: {exercise.max_points * factor:.2f} {unit}")
@@ -54,7 +55,14 @@ def run(args: argparse.Namespace) -> int:  # "list"
                 curve = course.curve(exercise.name, part.name) if course else None
                 if curve is not None:
                     pieces.append(f"speed curve: {curve.describe(part.speed_baseline or 'the baseline')}")
+                else:
+                    defaults = True
+                    pieces.append("speed curve: the GPU's calibrated thresholds*")
             print(f"  {part.name:14} {', '.join(pieces)}")
+    if defaults:
+        print("* full speed credit from about 0.92 of the reference solution's speed on the grading GPU (less twice "
+              "its measured spread), none at half of it, linear between; a course sets its own in course.toml "
+              "[speed_curve]")
     return 0
 
 

@@ -4,6 +4,8 @@ grader scores with it and says so, ``grader list`` shows it, and a malformed cur
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from grader import cli
@@ -71,5 +73,25 @@ def test_grader_list_states_the_curve_and_a_changed_curve_is_a_changed_course(tm
     assert cli.main(["list", "--course", str(path)]) == 0
     out = capsys.readouterr().out
     assert "speed curve: full credit from 0.6× sdpa-flash's speed, none at or below 0.2×" in out
-    assert out.count("speed curve:") == 2  # flash_attention's forward and autograd
+    assert out.count("speed curve: full credit from 0.6×") == 2  # flash_attention's forward and autograd
+    assert out.count("speed curve: the GPU's calibrated thresholds*") == 4  # the other speed-graded parts
+    assert "* full speed credit from about 0.92 of the reference solution's speed" in out
     assert config.load_course(path).fingerprint() != config.load_course().fingerprint()
+
+
+def test_pytest_speed_tests_take_the_course_files_curve(pytester: pytest.Pytester):
+    """``pytest --grader-course COURSE.toml`` grades speed with the course's curve (said in the header), and a
+    malformed curve is a usage error naming the key, before any test runs."""
+    repo = Path(__file__).resolve().parent.parent
+    good = pytester.path / "course.toml"
+    good.write_text('[speed_curve]\nflash_attention = { of = "baseline", full = 0.6, partial = 0.2 }\n')
+    result = pytester.runpytest_subprocess(str(repo / "assignments" / "gelu"), "--co", "-p", "no:cacheprovider",
+                                           "--grader-course", str(good))
+    result.stdout.fnmatch_lines(["grader: speed curve of the course file for flash_attention: full credit from 0.6×*"])
+    bad = pytester.path / "bad.toml"
+    bad.write_text('[speed_curve]\n"gelu.backward" = { full = 0.5 }\n')
+    result = pytester.runpytest_subprocess(str(repo / "assignments" / "gelu"), "--co", "-p", "no:cacheprovider",
+                                           "--grader-course", str(bad))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "--grader-course:" in result.stderr.str()
+    assert "[speed_curve] gelu.backward: not a speed-graded exercise or part" in result.stderr.str()

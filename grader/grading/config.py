@@ -19,7 +19,7 @@ from typing import Any
 from grader.checks.spec import Exercise
 from grader.grading.isolation import Sandbox
 from grader.grading.references import ReferenceStore
-from grader.speed.thresholds import Curve, curve_for
+from grader.speed.thresholds import Curve, ThresholdsError, curve_for, curves_from_table
 
 COURSE_FILE = Path(__file__).with_name("course.toml")
 CORRECTNESS_MODES = ("fraction", "all-or-nothing")
@@ -93,27 +93,10 @@ def _read(path: Path) -> dict[str, Any]:
 
 
 def _speed_curves(table: Mapping[str, Any], source: str) -> dict[str, Curve]:
-    """The ``[speed_curve]`` table: each key a speed-graded exercise or ``exercise.part``, each value
-    ``{of = "baseline" | "reference", full = ..., partial = ...}``."""
-    from grader import exercises
-
-    graded = {e.name: {p.name for p in e.parts if p.speed_graded} for e in exercises.all_exercises()}
-    curves = {}
-    for key, value in table.items():
-        exercise, _, part = key.partition(".")
-        if exercise not in graded or (part and part not in graded[exercise]) or not graded[exercise]:
-            known = ", ".join(sorted(e for e in graded if graded[e]))
-            raise CourseError(f"{source}: [speed_curve] {key}: not a speed-graded exercise or part (exercises: "
-                              f"{known}; a part as exercise.part)")
-        if not isinstance(value, Mapping) or set(value) - {"of", "full", "partial"} or "full" not in value:
-            raise CourseError(f"{source}: [speed_curve] {key} must be {{ of = \"baseline\" or \"reference\", "
-                              "full = ..., partial = ... }")
-        try:
-            curves[key] = Curve(str(value.get("of", "reference")), float(value["full"]),
-                                float(value.get("partial", 0.0)))
-        except (TypeError, ValueError) as exc:
-            raise CourseError(f"{source}: [speed_curve] {key}: {exc}") from None
-    return curves
+    try:
+        return curves_from_table(table, source)
+    except ThresholdsError as exc:
+        raise CourseError(str(exc)) from None
 
 
 def _known_grading_key(key: str) -> bool:

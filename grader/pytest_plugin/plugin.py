@@ -3,6 +3,7 @@ state and the ``grader_session`` fixture. Hooks only; the logic lives in the mod
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="test the implementations in PATH (laid out like assignments/, e.g. 'solutions') "
         "instead of the modules next to the tests",
     )
+    group.addoption(
+        "--grader-course",
+        dest="grader_course",
+        default=None,
+        metavar="COURSE.toml",
+        help="the speed tests use this course file's [speed_curve] (default: $GRADER_COURSE, else the GPU's "
+        "calibrated thresholds)",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -45,7 +54,16 @@ def pytest_configure(config: pytest.Config) -> None:
             root = Path(config.invocation_params.dir) / root
         if not root.is_dir():
             raise pytest.UsageError(f"--impl {impl}: no such directory")
-    config.stash[SESSION_KEY] = GraderSession(runtime.configure(), root)
+    course = config.getoption("grader_course") or os.environ.get("GRADER_COURSE")
+    curves = {}
+    if course:
+        from grader.speed import thresholds
+
+        try:
+            curves = thresholds.course_curves(Path(config.invocation_params.dir) / course)
+        except thresholds.ThresholdsError as exc:
+            raise pytest.UsageError(f"--grader-course: {exc}") from None
+    config.stash[SESSION_KEY] = GraderSession(runtime.configure(), root, curves=curves)
     config.addinivalue_line("markers", "speed: speed test; runs on CUDA only (skipped on CPU)")
     config.addinivalue_line("markers", "grader_check(check_id): the check of the exercise spec this test runs")
     # numpy's overflow warnings from interpreted kernels (exp of a large number, -inf - -inf) are
@@ -72,6 +90,8 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         from grader.speed import credit
 
         lines.append(f"grader: {credit.thresholds_summary()}")
+    for key, curve in session.curves.items():
+        lines.append(f"grader: speed curve of the course file for {key}: {curve.describe('its baseline')}")
     return lines
 
 

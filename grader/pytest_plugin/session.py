@@ -25,6 +25,7 @@ class _Status:
 class GraderSession:
     mode: Mode
     impl_root: Path | None  # None: the tree the test file lives in
+    curves: dict = field(default_factory=dict)  # the course's speed curves (--grader-course), by exercise[.part]
     _status: dict[tuple, _Status] = field(default_factory=dict)
     _hints: dict[tuple, str | None] = field(default_factory=dict)
 

@@ -84,11 +84,14 @@ def speed_test(exercise: Exercise, part: Part):
                             pytrace=False)
 
         roofline = timing.roofline([bench.case.get("dtype")] if bench.flops else [])
-        threshold, source = credit.resolve_threshold(part, bench.label, limits)
+        curve = thresholds.curve_for(grader_session.curves, exercise.name, part.name)
+        threshold, source = credit.resolve_threshold(part, bench.label, limits, curve)
         result = credit.benchmark_credit(row, bench.label, credit.benchmark_work(part, bench), threshold, source,
                                          roofline)
         score = credit.summarize([result], roofline, grader_session.mode.gpu_name or "?", limits,
                                  verdicts.Verdict(True))
+        if curve is not None:
+            score.message += f"\nspeed curve (the course file's): {curve.describe(part.speed_baseline or 'baseline')}"
         benchmark.extra_info.update({k: result.get(k) for k in (
             "baseline", "baseline_ms", "student_ms", "ratio", "required_full", "required_partial", "credit",
             "gbps", "tflops", "pct_roofline", "threshold")})

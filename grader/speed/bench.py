@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,6 +78,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plot", default=None, metavar="FILE",
                         help="also draw the roofline chart: FILE.svg (an SVG image) or FILE.html (a page)")
     parser.add_argument("--json", default=None, metavar="FILE", help="also write the results as JSON")
+    parser.add_argument("--course", default=None, metavar="COURSE.toml",
+                        help="show the credit with this course file's [speed_curve] (default: $GRADER_COURSE, else "
+                        "the GPU's calibrated thresholds)")
     parser.add_argument("--in-process", action="store_true",
                         help=f"also time your call itself, Python and all, as {IN_PROCESS!r} in the same rounds "
                              "(the grader times only your kernels, replayed)")
@@ -149,8 +153,10 @@ def measure_part_table(exercise: Exercise, part: Part, module, *, baselines: lis
     return result
 
 
-def table_rows(result: dict[str, Any], part: Part, limits: thresholds.Thresholds | None) -> list[dict[str, Any]]:
-    """Flat rows for the table and the plot: one per (benchmark, implementation)."""
+def table_rows(result: dict[str, Any], part: Part, limits: thresholds.Thresholds | None,
+               curve: thresholds.Curve | None = None) -> list[dict[str, Any]]:
+    """Flat rows for the table and the plot: one per (benchmark, implementation); the credit with the course's
+    ``curve`` where it sets one."""
     roof = result["roofline"]
     base = result.get("baseline")
     out = []
@@ -164,7 +170,7 @@ def table_rows(result: dict[str, Any], part: Part, limits: thresholds.Thresholds
         yours_ms = row.median(measure.STUDENT)
         scored = None
         if base:
-            threshold, source = credit.resolve_threshold(part, row.label, limits)
+            threshold, source = credit.resolve_threshold(part, row.label, limits, curve)
             scored = credit.benchmark_credit(row, row.label, work, threshold, source, roof)
         for name, stats in row.times.items():
             # a copy does none of the math: its rate in TFLOP/s would mean nothing
@@ -300,6 +306,12 @@ def run(args: argparse.Namespace) -> int:
     except thresholds.ThresholdsError as exc:
         print(f"grader bench: {exc} (credit not shown)", file=sys.stderr)
         limits = None
+    course = args.course or os.environ.get("GRADER_COURSE")
+    try:
+        curves = thresholds.course_curves(course) if course else {}
+    except thresholds.ThresholdsError as exc:
+        print(f"grader bench: --course: {exc}", file=sys.stderr)
+        return 2
     print(f"grader bench {exercise.name} --impl {args.impl}: {mode.description}")
     if args.leaderboard:
         print(LEADERBOARDS[exercise.name].description)
@@ -311,8 +323,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"grader bench: {' / '.join(part.functions)} is not implemented yet — see {exercise.handout}",
                   file=sys.stderr)
             return 1
-        rows = table_rows(result, part, limits)
+        curve = thresholds.curve_for(curves, exercise.name, part.name)
+        rows = table_rows(result, part, limits, curve)
         render(result, rows)
+        if curve is not None:
+            print(f"speed curve (the course file's): {curve.describe(part.speed_baseline or 'the baseline')}")
         results.append((result, rows))
     if limits is None:
         print("speed credit: this GPU is not calibrated — shown against the calibrated GPUs' ratios "

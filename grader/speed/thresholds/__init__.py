@@ -105,6 +105,39 @@ def curve_for(curves: Mapping[str, Curve], exercise: str, part: str) -> Curve | 
     return curves.get(f"{exercise}.{part}") or curves.get(exercise)
 
 
+def curves_from_table(table: Mapping[str, Any], source: str) -> dict[str, Curve]:
+    """A course file's ``[speed_curve]`` table: each key a speed-graded exercise or ``exercise.part``, each value
+    ``{of = "baseline" | "reference", full = ..., partial = ...}``. Raises :class:`ThresholdsError` naming the key."""
+    from grader import exercises
+
+    graded = {e.name: {p.name for p in e.parts if p.speed_graded} for e in exercises.all_exercises()}
+    curves = {}
+    for key, value in table.items():
+        exercise, _, part = key.partition(".")
+        if exercise not in graded or (part and part not in graded[exercise]) or not graded[exercise]:
+            known = ", ".join(sorted(e for e in graded if graded[e]))
+            raise ThresholdsError(f"{source}: [speed_curve] {key}: not a speed-graded exercise or part (exercises: "
+                                  f"{known}; a part as exercise.part)")
+        if not isinstance(value, Mapping) or set(value) - {"of", "full", "partial"} or "full" not in value:
+            raise ThresholdsError(f"{source}: [speed_curve] {key} must be {{ of = \"baseline\" or \"reference\", "
+                                  "full = ..., partial = ... }")
+        try:
+            curves[key] = Curve(str(value.get("of", "reference")), float(value["full"]),
+                                float(value.get("partial", 0.0)))
+        except (TypeError, ValueError) as exc:
+            raise ThresholdsError(f"{source}: [speed_curve] {key}: {exc}") from None
+    return curves
+
+
+def course_curves(path: str | os.PathLike) -> dict[str, Curve]:
+    """The ``[speed_curve]`` of the course file at ``path`` (pytest's ``--grader-course``)."""
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ThresholdsError(f"{path}: cannot read the course file: {exc}") from None
+    return curves_from_table(data.get("speed_curve", {}), str(path))
+
+
 Key = tuple[str, str, str]  # (exercise, part, benchmark label)
 
 
