@@ -131,6 +131,12 @@ class Scheduler:
 
     def _push(self, task: Task) -> None:
         heapq.heappush(self._heap, (-task.estimate_s, next(self._seq), task))
+        self._tell_waiting()
+
+    def _tell_waiting(self) -> None:
+        """Every slot learns how many tasks wait for a place (a run may then use more workers of its own)."""
+        for slot in self.slots:
+            slot.waiting = len(self._heap)
 
     def run(self, tasks: Iterable[Task]) -> Outcome:
         with self._cond:
@@ -161,7 +167,9 @@ class Scheduler:
                     return None
                 if self._heap:
                     self._in_flight += 1
-                    return heapq.heappop(self._heap)[2]
+                    task = heapq.heappop(self._heap)[2]
+                    self._tell_waiting()
+                    return task
                 if self._in_flight == 0:
                     return None
                 self._cond.wait()
