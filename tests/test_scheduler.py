@@ -145,23 +145,6 @@ def test_longest_work_first():
     assert len(log.committed) == 6
 
 
-def test_a_run_knows_how_many_tasks_wait_and_splits_its_parts_only_when_none_do():
-    """The slot tells a run how many tasks wait for a place: with a queue, an exercise runs in one worker (the
-    cores are busy); with none (one submission, the end of a batch), its parts run side by side."""
-    from grader.grading import config, plan, runner
-
-    log, seen = _Log(), []
-    slots = [Slot("cpu-0", {"kind": "cpu"})]
-    Scheduler(slots, lambda task, slot: (seen.append(slot.waiting), _ok(task, slot))[1], log.commit).run(_tasks(3))
-    assert seen == [2, 1, 0]
-    settings = dataclasses.replace(config.resolve(config.GradeOptions(), config.load_course(), device="cpu",
-                                                  secret="s", workdir=Path("/w")), parallel_parts=True)
-    fa = exercises.get("flash_attention")
-    items = plan.plan(fa, device="cpu", secret="s", random_cases=0, speed_budget_s=1.0)
-    assert len(runner._groups(items, settings)) == len(fa.parts)
-    assert runner._groups(items, dataclasses.replace(settings, parallel_parts=False)) == [items]
-
-
 def test_every_gpu_is_used_each_worker_is_pinned_and_never_two_timed_runs_share_a_gpu():
     slots = gpus.gpu_slots("all", 2, available=FAKE, current=0)  # two exercise runs per GPU
     log = _Log()

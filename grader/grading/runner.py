@@ -69,9 +69,7 @@ def grade_exercise(exercise: Exercise, root: Path, *, settings: RunSettings, scr
         judge = ExerciseJudge(exercise, device=settings.device, student_dir=student_dir, gpu_name=settings.gpu_name,
                               curves=settings.speed_curves, references=refs)
         gpu_lock = slot.lock if slot is not None else None
-        # each part in workers of its own only while no task waits for a place: then the host's cores are spare
-        # (one submission, the end of a batch); with a queue, one worker per exercise compiles and starts less
-        groups = _groups(items, settings) if slot is None or slot.waiting == 0 else [items]
+        groups = _groups(items, settings)
 
         def run_group(group: list) -> supervise.Run:
             return supervise.run(exercise, root, group, settings, scratch=scratch, cache_dir=cache_dir,

@@ -131,12 +131,6 @@ class Scheduler:
 
     def _push(self, task: Task) -> None:
         heapq.heappush(self._heap, (-task.estimate_s, next(self._seq), task))
-        self._tell_waiting()
-
-    def _tell_waiting(self) -> None:
-        """Every slot learns how many tasks wait for a place (a run may then use more workers of its own)."""
-        for slot in self.slots:
-            slot.waiting = len(self._heap)
 
     def run(self, tasks: Iterable[Task]) -> Outcome:
         with self._cond:
@@ -167,9 +161,7 @@ class Scheduler:
                     return None
                 if self._heap:
                     self._in_flight += 1
-                    task = heapq.heappop(self._heap)[2]
-                    self._tell_waiting()
-                    return task
+                    return heapq.heappop(self._heap)[2]
                 if self._in_flight == 0:
                     return None
                 self._cond.wait()

@@ -77,7 +77,6 @@ class Slot:
     capacity: int = 1
     lock: SharedExclusiveLock = field(default_factory=SharedExclusiveLock)
     failed: str | None = None  # why it was taken out of the pool
-    waiting: int = 0  # tasks of the batch waiting for a place (set by the scheduler)
 
     @property
     def is_gpu(self) -> bool:
