@@ -20,6 +20,7 @@ from grader.grading.scoring import score_part
 from grader.speed import credit, limits, timing
 from grader.speed.measure import STUDENT, BenchmarkTiming, SpeedMeasurement
 from grader.speed.thresholds import Threshold, Thresholds
+from tests.fake_clock import FakeClock
 
 H100 = "NVIDIA H100 80GB HBM3"
 GELU = exercises.get("gelu")
@@ -44,7 +45,7 @@ def _thresholds(baseline_ms: float = 0.0937) -> Thresholds:
 
 
 def test_the_gpu_is_held_longer_than_each_candidate_takes_to_launch():
-    clock = timing.FakeClock()
+    clock = FakeClock()
 
     def candidate(ms):
         def fn(inputs):
@@ -62,7 +63,7 @@ def test_the_gpu_is_held_longer_than_each_candidate_takes_to_launch():
 
 
 def test_a_call_that_takes_longer_to_launch_than_any_hold_is_noted():
-    clock = timing.FakeClock()
+    clock = FakeClock()
 
     def slow(inputs):
         clock.advance(timing.HOLD_MAX_MS * 2)
@@ -195,7 +196,7 @@ def test_a_speed_measurement_travels_from_the_worker_to_the_judge(monkeypatch):
     from grader.speed import measure
     from tests.plans import toy_plan
 
-    clock = timing.FakeClock()
+    clock = FakeClock()
     case = Case({"n": 1024, "dtype": "float32"})
 
     def make_inputs(c):

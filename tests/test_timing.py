@@ -10,7 +10,8 @@ import torch
 
 from grader.checks import tensors
 from grader.speed import calibrate, timing
-from grader.speed.timing import Candidate, FakeClock, StopRule
+from grader.speed.timing import Candidate, StopRule
+from tests.fake_clock import FakeClock
 
 
 def test_summarize_known_samples():

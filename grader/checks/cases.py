@@ -40,9 +40,3 @@ def mixed_seed(secret: str, *public: object) -> int:
     """A 63-bit seed from a secret and public parts (exercise, part, case index, ...)."""
     text = "\x1f".join([secret, *map(str, public)])
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") >> 1
-
-
-def all_cases(part: Part, device: str, n_random: int, seed: int) -> list[Case]:
-    """Examples first (in order), then the random draw."""
-    examples = [c for c in part.examples if part.skip(c, device) is None]
-    return examples + draw(part, device, n_random, seed)

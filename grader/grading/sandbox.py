@@ -349,11 +349,6 @@ def namespace_members(namespace: str) -> list[tuple[int, int]]:
     return found
 
 
-def group_rss(pgid: int) -> int:
-    """Resident bytes of every process in the group."""
-    return rss(_group_members(pgid))
-
-
 def rss(pids: list[int]) -> int:
     """Resident bytes of ``pids``."""
     total = 0
