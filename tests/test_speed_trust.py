@@ -220,7 +220,7 @@ def test_a_speed_measurement_travels_from_the_worker_to_the_judge(monkeypatch):
     item = next(it for it in plan.plan(toy, device="cuda", secret="s", random_cases=0, speed_budget_s=1.0)
                 if it.role == "speed")
     # what the worker sends: the recorded plan and the call on the secret fresh inputs
-    recheck = execute(part, module, item.recheck_inputs(), "cpu")
+    recheck = execute(part, module, item.part.make_inputs(item.recheck), "cpu")
     recorded = SpeedMeasurement(H100, [BenchmarkTiming("n1024", warmup_s=0.5)], recheck=recheck,
                                 plans={"n1024": toy_plan()})
     buf = io.BytesIO()
@@ -236,7 +236,7 @@ def test_a_speed_measurement_travels_from_the_worker_to_the_judge(monkeypatch):
     thresholds = Thresholds(H100, {("toy", "forward", "n1024"): Threshold("torch", 0.5, 1.0, 1.5, 1.0)})
     monkeypatch.setattr(credit, "load_thresholds", lambda gpu=None: thresholds)
     judge = ExerciseJudge(toy, device="cpu", student_dir="/nowhere")  # the outputs are on the CPU here
-    judge.on_reply(item, protocol.RunSpeed(item.id, "forward", 1.0, item.recheck_inputs()), reply)
+    judge.on_reply(item, protocol.RunSpeed(item.id, "forward", 1.0, item.part.make_inputs(item.recheck)), reply)
     state = judge.parts["forward"]
     assert state.errors == [] and state.flags == {}
     assert state.speed.status == "measured" and state.speed.fraction == 1.0

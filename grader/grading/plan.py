@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from grader.checks import cases as cases_mod
 from grader.checks import catalog
-from grader.checks.spec import Case, Exercise, Inputs, Part
+from grader.checks.spec import Case, Exercise, Part
 from grader.speed.measure import recheck_case
 
 _DRAW_LOCK = threading.Lock()  # hypothesis is not thread-safe; exercises are planned from several threads
@@ -41,13 +41,6 @@ class Item:
     skip_reason: str | None = None
     budget_s: float = 0.0  # speed
     recheck: Case | None = None  # speed: the fresh-input call after the timed runs
-
-    def inputs(self) -> Inputs:
-        assert self.case is not None
-        return self.part.make_inputs(self.case)
-
-    def recheck_inputs(self) -> Inputs | None:
-        return self.part.make_inputs(self.recheck) if self.recheck is not None else None
 
 
 def _id(part: Part, kind: str, label: str = "") -> str:
