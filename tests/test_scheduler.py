@@ -4,7 +4,6 @@ elsewhere (and a failing student kernel not mistaken for one), and nothing commi
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
 import threading
 import time
@@ -18,8 +17,8 @@ from grader import exercises
 from grader.grading import gpus, scheduler
 from grader.grading.results import GRADED, ExerciseResult
 from grader.grading.scheduler import Scheduler, Task
-from grader.grading.slots import SharedExclusiveLock, Slot
-from tests.locks import SpyLock
+from grader.grading.slots import Slot
+from tests.gates import ThreadProcess
 
 GELU = exercises.get("gelu")
 FAKE = [gpus.Gpu(i, "Fake H100", f"GPU-fake-{i}", str(i)) for i in range(4)]
@@ -65,7 +64,7 @@ def test_each_gpu_slot_pins_its_worker_and_records_the_device():
     assert [dict(s.env) for s in slots] == [{"CUDA_VISIBLE_DEVICES": "1"}, {"CUDA_VISIBLE_DEVICES": "3"}]
     assert slots[1].device == {"kind": "cuda", "name": "Fake H100", "index": 3, "uuid": "GPU-fake-3"}
     assert all(s.capacity == 2 and s.gpu_name == "Fake H100" for s in slots)
-    assert slots[0].lock is not slots[1].lock
+    assert slots[0].arbiter is not None and slots[0].arbiter is not slots[1].arbiter
 
 
 def test_visible_gpus_honour_a_restricted_cuda_visible_devices(monkeypatch):
@@ -76,60 +75,6 @@ def test_visible_gpus_honour_a_restricted_cuda_visible_devices(monkeypatch):
                         lambda i: SimpleNamespace(name=f"Fake {i}", uuid=f"uuid-{i}"))
     found = gpus.visible()
     assert [(g.index, g.pin, g.uuid) for g in found] == [(0, "GPU-aaa", "uuid-0"), (1, "5", "uuid-1")]
-
-
-# ------------------------------------------------------------------------------------------ the lock
-
-
-def test_shared_holders_overlap_and_exclusive_is_alone():
-    lock = SharedExclusiveLock()
-    inside, leave = threading.Barrier(3, timeout=5), threading.Barrier(3, timeout=5)
-    counts = []
-
-    def reader():
-        with lock.shared():
-            inside.wait()  # all three readers are inside at once
-            counts.append(lock.holders)
-            leave.wait()
-
-    threads = [threading.Thread(target=reader) for _ in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(5)
-    assert counts == [(3, False)] * 3
-
-    events = []
-    writer_in, release_writer = threading.Event(), threading.Event()
-
-    def writer():
-        with lock.exclusive():
-            events.append(("writer", lock.holders))
-            writer_in.set()
-            release_writer.wait(5)
-
-    def late_reader():
-        with lock.shared():
-            events.append(("reader", lock.holders))
-
-    w, r = threading.Thread(target=writer), threading.Thread(target=late_reader)
-    with lock.shared():
-        w.start()
-        time.sleep(0.2)
-        assert not writer_in.is_set()  # the writer waits for the reader inside
-        r.start()
-        time.sleep(0.2)
-        assert events == []  # a reader arriving later waits behind the writer: no starvation
-    assert writer_in.wait(5)
-    time.sleep(0.2)
-    assert events == [("writer", (0, True))]  # alone
-    release_writer.set()
-    w.join(5)
-    r.join(5)
-    assert events == [("writer", (0, True)), ("reader", (1, False))]
-
-
-# ------------------------------------------------------------------------------------------ scheduling
 
 
 def test_longest_work_first():
@@ -168,11 +113,13 @@ def test_every_gpu_is_used_each_worker_is_pinned_and_never_two_timed_runs_share_
 
     def grade(task, slot):
         assert dict(slot.env) == {"CUDA_VISIBLE_DEVICES": str(slot.device["index"])}
-        for _ in range(3):  # correctness items share the GPU, the speed item has it alone (as supervise does)
-            with slot.lock.shared():
+        process = ThreadProcess(slot.arbiter, task.key)  # a worker on the slot's GPU
+        with process.gate.use():
+            for _ in range(3):  # correctness items share the GPU, the timed rounds have it alone
                 section(slot, timed=False)
-        with slot.lock.exclusive():
-            section(slot, timed=True)
+            with process.gate.alone():
+                section(slot, timed=True)
+        process.die()
         return _ok(task, slot)
 
     Scheduler(slots, grade, log.commit).run(_tasks(32))
@@ -293,23 +240,30 @@ def test_the_slot_pins_the_worker_and_the_result_names_its_gpu(tmp_path):
 
 
 @pytest.mark.slow
-def test_supervise_holds_the_gpu_alone_for_the_speed_item(tmp_path):
-    """Items planned as on a GPU (the speed item included), run by a CPU worker: loading, correctness and the
-    speed warm-up (compiling) hold the GPU shared, the speed measurement (autotuning, recording) exclusive."""
+def test_a_worker_waiting_for_the_gpu_is_not_charged_for_it(tmp_path, monkeypatch):
+    """A real worker connected to its GPU's arbiter (the items run by a CPU worker): while another process has the
+    GPU alone for longer than a call may take, the worker waits, and its items still pass — the wait moved its
+    limits on (the grader's, and the worker's own watchdog's)."""
     from grader.grading import config, plan, supervise
+    from grader.grading.gpu_arbiter import GpuArbiter
 
-    settings = config.resolve(config.GradeOptions(random_cases=0, timeout_s=120), config.load_course(),
-                              device="cpu", secret="s", workdir=tmp_path)
-    planned = plan.plan(GELU, device="cuda", secret="s", random_cases=0, speed_budget_s=0.1)
-    (speed,) = [it for it in planned if it.role == "speed"]
-    # a speed request the worker answers at once (no such part), instead of timing in the interpreter for long
-    quick = dataclasses.replace(speed, part=dataclasses.replace(speed.part, name="no-such-part"), recheck=None)
-    items = [*[it for it in planned if it.role == "example"][:2], quick]
-    lock = SpyLock()
+    monkeypatch.setattr(supervise, "GRACE_S", 1.0)
+    settings = config.resolve(config.GradeOptions(random_cases=0, timeout_s=120, call_timeout_s=4.0),
+                              config.load_course(), device="cpu", secret="s", workdir=tmp_path)
+    items = [it for it in plan.plan(GELU, device="cpu", secret="s", random_cases=0, speed_budget_s=0.1)
+             if it.role == "example"][:2]
+    arbiter = GpuArbiter()
     (tmp_path / "scratch").mkdir()
-    supervise.run(GELU, Path(__file__).resolve().parents[1] / "solutions", items, settings,
-                  scratch=tmp_path / "scratch", gpu_lock=lock)
-    assert lock.modes == ["shared"] * len(items) + ["shared", "exclusive"]
+    with arbiter.alone():  # the worker starts paused
+        result: list = []
+        t = threading.Thread(target=lambda: result.append(supervise.run(
+            GELU, Path(__file__).resolve().parents[1] / "solutions", items, settings, scratch=tmp_path / "scratch",
+            arbiter=arbiter)))
+        t.start()
+        time.sleep(settings.call_timeout_s + supervise.GRACE_S + 2)
+    t.join(60)
+    (run,) = result
+    assert set(run.replies) == {it.id for it in items} and not run.failed, (run.failed, run.problems)
 
 
 @pytest.mark.slow

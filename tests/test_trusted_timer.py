@@ -19,7 +19,6 @@ from grader.speed import plan as plan_mod
 from grader.speed import timer, trusted
 from grader.speed.measure import BenchmarkTiming, SpeedMeasurement
 from grader.speed.plan import Arg, Buffer, LaunchPlan, Step, View
-from tests.locks import SpyLock
 from tests.plans import toy_plan
 
 INPUTS = {"x": 4096}  # the toy plan's input: 1024 float32
@@ -101,23 +100,25 @@ def test_a_timer_that_dies_before_any_replay_is_the_graders_fault_and_after_one_
     assert timed.benchmarks[0].error.startswith("the replayed kernels crashed the timer")
 
 
-def test_the_timer_holds_the_gpu_alone_only_for_its_timed_rounds(tmp_path, monkeypatch):
-    """The timer shares the GPU while it prepares and asks for it alone around the timed rounds (the gate): a
-    stand-in timer asks, checks that the grader's lock is exclusive while it is granted, and releases it."""
-    lock = SpyLock()
+def test_the_timer_has_the_gpu_alone_only_for_its_timed_rounds(tmp_path, monkeypatch):
+    """The timer is connected to the GPU's arbiter and asks for the GPU alone around the timed rounds: a stand-in
+    timer speaks the gate's protocol (told it may use the GPU, asks, is granted, gives it back) and the arbiter
+    counts one turn."""
+    from grader.grading.gpu_arbiter import GpuArbiter
+
+    arbiter = GpuArbiter()
     row = BenchmarkTiming("fp32-4096x8192", times={}).to_dict()
     result = json.dumps(timer.TimerResult("GPU", [row]).to_dict())
-    boot = ("import sys, os, pathlib; ask, go = map(int, sys.argv[-1].split(',')); os.write(ask, b'A'); "
-            "assert os.read(go, 1) == b'G'; pathlib.Path(sys.argv[3]).with_name('granted').write_text('1'); "
-            f"os.write(ask, b'R'); pathlib.Path(sys.argv[3]).write_text({result!r})")
+    boot = ("import sys, os, pathlib; r, w = map(int, sys.argv[-1].split(',')); assert os.read(r, 1) == b'C'; "
+            "os.write(w, b'A'); assert os.read(r, 1) == b'G'; "
+            "pathlib.Path(sys.argv[3]).with_name('granted').write_text('1'); "
+            f"os.write(w, b'R'); pathlib.Path(sys.argv[3]).write_text({result!r})")
     monkeypatch.setattr(timer_process, "_BOOT", boot)
     measurement = SpeedMeasurement("GPU", [BenchmarkTiming("fp32-4096x8192")], plans={"fp32-4096x8192": toy_plan()})
     timed = timer_process.time_measurement(_settings(tmp_path), "gelu", "forward", measurement, budget_s=1.0,
-                                           scratch=tmp_path, gpu_lock=lock)
+                                           scratch=tmp_path, arbiter=arbiter)
     assert [r.label for r in timed.benchmarks] == ["fp32-4096x8192"] and timed.timer_fault is None
-    assert lock.modes == ["shared", "exclusive", "shared"]
-    assert lock.holders == (0, False)  # all released
-    assert lock.alone_s > 0
+    assert arbiter.alone_count == 1
 
 
 def test_a_call_that_cannot_be_replayed_is_not_measurable_without_starting_a_timer(tmp_path):

@@ -380,6 +380,7 @@ def run_local(ctx: Context, tasks: list[Task], work: Workspace, options: config.
                         device=run.get("device", ctx.description), students=students, batch=ctx.batch,
                         gradebook=gradebook, progress=progress, profile=options.profile,
                         sandbox=run.get("sandbox", ctx.sandbox_note))
+    cpu_before = _host_cpu()
     scheduler = Scheduler(slots, lambda task, slot: _grade_task(ctx, work, recorder, task, slot), recorder.commit,
                           probe=gpus.probe_slot, on_failure=recorder.gpu_failure)
     try:
@@ -392,14 +393,26 @@ def run_local(ctx: Context, tasks: list[Task], work: Workspace, options: config.
         progress.stop()
         recorder.close()
     if options.profile:
-        _batch_profile(progress, slots, submissions=len({t.student for t in tasks}))
+        _batch_profile(progress, slots, submissions=len({t.student for t in tasks}), cpu_before=cpu_before)
     if outcome.left:
         print(f"grader grade: every slot failed ({'; '.join(s.failed or '' for s in slots)}); "
               f"{len(outcome.left)} exercise run(s) left ungraded", file=sys.stderr)
     return outcome.committed, outcome.left
 
 
-def _batch_profile(progress: Progress, slots: list[Slot], *, submissions: int) -> None:
+def _host_cpu() -> tuple[float, float] | None:
+    """(busy, total) CPU time of the whole host so far, in clock ticks (Linux's /proc/stat; None elsewhere)."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = [float(x) for x in stat.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def _batch_profile(progress: Progress, slots: list[Slot], *, submissions: int,
+                   cpu_before: tuple[float, float] | None = None) -> None:
     """``grader grade --profile``: the batch's wall time, submissions per hour, and how long each GPU was held alone
     (autotuning, recording and timed rounds) — the part of the work that cannot overlap."""
     import time
@@ -407,10 +420,18 @@ def _batch_profile(progress: Progress, slots: list[Slot], *, submissions: int) -
     wall = time.monotonic() - progress.started
     lines = [f"batch profile: {submissions} submission(s), {progress.done} exercise run(s) in {wall:.1f} s wall"
              + (f" ({submissions * 3600 / wall:.0f} submissions per hour)" if wall > 0 and submissions else "")]
+    cpu_after = _host_cpu()
+    if cpu_before is not None and cpu_after is not None and cpu_after[1] > cpu_before[1]:
+        busy = (cpu_after[0] - cpu_before[0]) / (cpu_after[1] - cpu_before[1])
+        lines.append(f"  host CPU busy {100 * busy:.0f}% of {os.cpu_count()} cores on average")
     for slot in slots:
         if slot.is_gpu:
-            lines.append(f"  {slot.describe()}: {slot.capacity} run(s) at once; held alone {slot.lock.alone_s:.1f} s "
-                         f"({100 * slot.lock.alone_s / wall if wall > 0 else 0:.0f}% of the wall time)")
+            arbiter = slot.arbiter
+            assert arbiter is not None
+            lines.append(f"  {slot.describe()}: {slot.capacity} run(s) at once; held alone {arbiter.alone_s:.1f} s "
+                         f"({100 * arbiter.alone_s / wall if wall > 0 else 0:.0f}% of the wall time) in "
+                         f"{arbiter.alone_count} turn(s); waiting for the others' GPU work before them "
+                         f"{arbiter.drain_s:.1f} s in all")
     progress.note("\n".join(lines))
 
 

@@ -68,12 +68,12 @@ def grade_exercise(exercise: Exercise, root: Path, *, settings: RunSettings, scr
         refs = references.CaseReferences(settings.references or references.local(settings.secret), exercise.name)
         judge = ExerciseJudge(exercise, device=settings.device, student_dir=student_dir, gpu_name=settings.gpu_name,
                               curves=settings.speed_curves, references=refs)
-        gpu_lock = slot.lock if slot is not None else None
+        arbiter = slot.arbiter if slot is not None else None
         groups = _groups(items, settings)
 
         def run_group(group: list) -> supervise.Run:
             return supervise.run(exercise, root, group, settings, scratch=scratch, cache_dir=cache_dir,
-                                 on_reply=judge.on_reply, gpu_lock=gpu_lock, defer_speed=True, references=refs)
+                                 on_reply=judge.on_reply, arbiter=arbiter, defer_speed=True, references=refs)
 
         if len(groups) == 1:
             run = run_group(groups[0])
@@ -82,7 +82,7 @@ def grade_exercise(exercise: Exercise, root: Path, *, settings: RunSettings, scr
                 run = supervise.Run.merged(list(pool.map(run_group, groups)))
         if run.to_time:  # every process of the student's has ended: one trusted timer times every part
             timing = time.monotonic()
-            _time_speed(exercise, settings, run.to_time, scratch=scratch, gpu_lock=gpu_lock)
+            _time_speed(exercise, settings, run.to_time, scratch=scratch, arbiter=arbiter)
             run.add_time("speed: trusted timer", time.monotonic() - timing)
             for item, request, reply in run.to_time:
                 judge.on_reply(item, request, reply)
@@ -119,12 +119,12 @@ def _groups(items: list, settings: RunSettings) -> list[list]:
     return list(by_part.values())
 
 
-def _time_speed(exercise, settings: RunSettings, to_time: list, *, scratch: Path, gpu_lock) -> None:
+def _time_speed(exercise, settings: RunSettings, to_time: list, *, scratch: Path, arbiter) -> None:
     """The speed items' recorded launches, timed by the trusted timer (:mod:`grader.grading.timer_process`);
     a failure of the grader's side leaves the part's ``timer_fault`` (its speed waits for a regrade)."""
     parts = [timer_process.PartTiming(item.part.name, reply.measurement, item.budget_s) for item, _, reply in to_time]
     try:
-        timer_process.time_parts(settings, exercise.name, parts, scratch=scratch, gpu_lock=gpu_lock)
+        timer_process.time_parts(settings, exercise.name, parts, scratch=scratch, arbiter=arbiter)
     except Exception as exc:  # a bug of the grader's side: every part's speed waits for a regrade
         for entry in parts:
             entry.measurement.timer_fault = entry.measurement.timer_fault or f"{type(exc).__name__}: {exc}"

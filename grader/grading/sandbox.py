@@ -157,7 +157,10 @@ class Process:
         while not self._stopped.wait(POLL_S):
             if self.proc.poll() is not None:
                 return
-            if rss(self._processes()) > limit:
+            # In a sandbox every process of the namespace descends from bwrap (orphans go to its init): walking
+            # that tree reads a few files, where listing the namespace reads every process of the host.
+            pids = descendants(self.proc.pid) if self.pid_namespace else self._processes()
+            if rss(pids) > limit:
                 self.memory_exceeded = True
                 self.kill()
                 return
@@ -315,6 +318,25 @@ def _children(pid: int) -> list[int]:
             return [int(p) for p in f.read().split()]
     except (OSError, ValueError):
         return []
+
+
+def descendants(pid: int) -> list[int]:
+    """``pid`` and every live process below it (the children of each of their threads)."""
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        try:
+            tasks = os.listdir(f"/proc/{current}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                with open(f"/proc/{current}/task/{task}/children") as f:
+                    todo.extend(int(p) for p in f.read().split())
+            except (OSError, ValueError):
+                continue
+    return found
 
 
 def _pid_namespace(pid: int) -> str | None:

@@ -14,8 +14,10 @@ that item keeps its own result and a fresh worker runs the rest. A part that cra
 ``max_restarts`` workers runs no more items; the other parts go on. A crash while importing the module, a
 malformed message and the exercise's time limit end the run.
 
-A speed item compiles its benchmarks' kernels first (``WarmUp``, holding the GPU shared like a correctness
-item), then autotunes and records them holding it alone (``RunSpeed``). A worker that
+On a GPU every worker is connected to the GPU's arbiter (:mod:`grader.grading.gpu_arbiter`): the workers share
+the GPU, and one that autotunes asks for it alone, as the trusted timer does for its timed rounds; a worker paused
+meanwhile goes on compiling, and the time it waits for the GPU is added to its limits. A speed item compiles its
+benchmarks' kernels first (``WarmUp``), then autotunes and records them (``RunSpeed``). A worker that
 ends, or does not start within a call's limit, before it says hello ran no student code: that is the grader's
 fault (:class:`WorkerStartError`), never the student's.
 """
@@ -36,9 +38,9 @@ from pathlib import Path
 from grader.checks.spec import Exercise
 from grader.grading import channel, isolation, protocol, sandbox
 from grader.grading.config import RunSettings
+from grader.grading.gpu_arbiter import GpuArbiter
 from grader.grading.plan import Item
 from grader.grading.references import CaseReferences
-from grader.grading.slots import SharedExclusiveLock
 
 MB = 1 << 20
 GRACE_S = 10.0  # beyond a call's limit: moving its inputs and outputs, and the worker's own watchdog
@@ -131,9 +133,11 @@ class _Worker:
     """One worker process and its two pipes."""
 
     def __init__(self, settings: RunSettings, root: Path, scratch: Path, cache_dir: Path | None,
-                 extra_fields: dict):
+                 extra_fields: dict, arbiter: GpuArbiter | None = None):
         self.settings = settings
         self.extra_fields = extra_fields
+        self.gate = arbiter.connect("worker") if arbiter is not None else None
+        gate_fds = self.gate.process_fds if self.gate is not None else ()
         req_r, self._req_w = os.pipe()
         self._rep_r, rep_w = os.pipe()
         cwd = Path(tempfile.mkdtemp(prefix="run-", dir=scratch))
@@ -150,6 +154,8 @@ class _Worker:
                 "--requests-fd", str(req_r), "--fd", str(rep_w), "--file-mb", str(settings.result_cap_mb)]
         if settings.memory_mb and settings.device != "cuda":  # CUDA needs a huge address space: see sandbox.py
             argv += ["--memory-mb", str(settings.memory_mb)]
+        if gate_fds:
+            argv += ["--gate", ",".join(map(str, gate_fds))]
         if box is not None:
             import grader
 
@@ -159,11 +165,17 @@ class _Worker:
         rss = settings.memory_mb * MB if settings.memory_mb else None
         try:
             self.process = sandbox.Process(argv, cwd=str(cwd), env=env, rss_limit_bytes=rss,
-                                           output_cap=settings.output_cap, pass_fds=(req_r, rep_w),
+                                           output_cap=settings.output_cap, pass_fds=(req_r, rep_w, *gate_fds),
                                            pid_namespace=box is not None)
+        except BaseException:
+            if self.gate is not None:
+                self.gate.close()
+            raise
         finally:
             os.close(req_r)
             os.close(rep_w)
+        if self.gate is not None:
+            self.gate.started()
         self._replies: queue.Queue = queue.Queue()
         self._writes: queue.Queue = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
@@ -201,11 +213,22 @@ class _Worker:
     def send(self, message) -> None:
         self._writes.put(protocol.encode(message))
 
+    def waited(self) -> float:
+        """Seconds this worker has spent waiting for the GPU (another process had it alone): not its own."""
+        return self.gate.waiting_now() if self.gate is not None else 0.0
+
     def receive(self, deadline: float, limit_text: str):
-        """The next reply; raises _Ended if the worker ends, sends garbage, or misses ``deadline``."""
-        try:
-            reply = self._replies.get(timeout=max(0.0, deadline - time.monotonic()))
-        except queue.Empty:
+        """The next reply; raises _Ended if the worker ends, sends garbage, or misses ``deadline`` (moved on by
+        the time it waits for the GPU meanwhile)."""
+        waited = self.waited()
+        while True:
+            left = deadline + self.waited() - waited - time.monotonic()
+            if left > 0:
+                try:
+                    reply = self._replies.get(timeout=min(left, 1.0) if self.gate is not None else left)
+                    break
+                except queue.Empty:
+                    continue
             outcome = self.stop(timed_out=True)
             raise _Ended(limit_text, outcome) from None
         if isinstance(reply, Exception):
@@ -221,6 +244,8 @@ class _Worker:
         if self.outcome is None:
             self._writes.put(None)
             self.outcome = self.process.stop(timed_out=timed_out)
+            if self.gate is not None:
+                self.gate.close()
         return self.outcome
 
     def finish(self) -> sandbox.Outcome:
@@ -288,21 +313,15 @@ def _not_implemented(reply: protocol.ItemReply) -> str | None:
     return None
 
 
-def _hold(gpu_lock: SharedExclusiveLock | None, item: Item | None) -> contextlib.AbstractContextManager:
-    """The GPU, shared for loading and correctness items, alone for a speed measurement."""
-    if gpu_lock is None:
-        return contextlib.nullcontext()
-    return gpu_lock.exclusive() if item is not None and item.role == "speed" else gpu_lock.shared()
-
-
 def run(exercise: Exercise, root: Path, items: list[Item], settings: RunSettings, *, scratch: Path,
         cache_dir: Path | None = None,
         on_reply: Callable[[Item, protocol.Request, protocol.ItemReply], None] | None = None,
-        gpu_lock: SharedExclusiveLock | None = None,
+        arbiter: GpuArbiter | None = None,
         defer_speed: bool = False, references: CaseReferences | None = None) -> Run:
     """Run ``items`` (the skipped ones excepted) and return every reply, or why there is none. ``on_reply``
-    sees each item's request and reply while the worker runs the next item. ``gpu_lock`` is held around
-    each item (see :func:`_hold`) when exercise runs share a GPU. ``defer_speed``: a speed item's reply (its
+    sees each item's request and reply while the worker runs the next item. ``arbiter``: the GPU's, when exercise
+    runs share it (each worker is connected to it; time a worker waits for the GPU is added to its limits).
+    ``defer_speed``: a speed item's reply (its
     recorded launches) is not given to ``on_reply`` but kept in :attr:`Run.to_time`, for the trusted timer to time
     once every worker of the student's has ended. ``references``: where the cases' inputs come from (the batch's
     store)."""
@@ -327,23 +346,24 @@ def run(exercise: Exercise, root: Path, items: list[Item], settings: RunSettings
     crashes: dict[str, int] = {}  # part -> workers it crashed or left broken
     poisoned: list[str] = []  # set by ask(): the worker said its CUDA context is broken
 
-    def ask(worker: _Worker, request: protocol.Request, item: Item, *, shared: bool = False):
-        """Send one request of ``item`` and wait for its reply, holding the GPU as the item needs (``shared``:
-        as a correctness item does); the reply's id must be the item's."""
+    def ask(worker: _Worker, request: protocol.Request, item: Item):
+        """Send one request of ``item`` and wait for its reply; the reply's id must be the item's. Time the worker
+        spends waiting for the GPU is not the student's: the limits move on by as much."""
         nonlocal deadline
-        waiting = time.monotonic()
-        with _hold(gpu_lock, None if shared else item):  # time spent waiting for the GPU is not the student's
-            deadline += time.monotonic() - waiting
-            worker.send(request)
-            judge_pending()  # judge the previous reply while the worker runs this request
-            budget = request.budget_s if isinstance(request, protocol.RunSpeed) else 0.0
-            call_text = f"took longer than the {settings.call_timeout_s + budget:g} s allowed for one call (stopped)"
-            call_deadline = time.monotonic() + settings.call_timeout_s + budget + GRACE_S
-            text = call_text if call_deadline < deadline else limit
+        waited = worker.waited()
+        worker.send(request)
+        judge_pending()  # judge the previous reply while the worker runs this request
+        budget = request.budget_s if isinstance(request, protocol.RunSpeed) else 0.0
+        call_text = f"took longer than the {settings.call_timeout_s + budget:g} s allowed for one call (stopped)"
+        call_deadline = time.monotonic() + settings.call_timeout_s + budget + GRACE_S
+        text = call_text if call_deadline < deadline else limit
+        try:
             reply = worker.receive(min(deadline, call_deadline), text)
             if isinstance(reply, protocol.Poisoned):  # the request's own reply follows
                 poisoned.append(reply.why)
                 reply = worker.receive(min(deadline, call_deadline), text)
+        finally:
+            deadline += worker.waited() - waited
         if getattr(reply, "id", None) != item.id:
             raise _Ended(f"the worker sent a malformed result: a reply for {getattr(reply, 'id', '?')!r} "
                          f"while running {item.id!r}")
@@ -356,27 +376,25 @@ def run(exercise: Exercise, root: Path, items: list[Item], settings: RunSettings
                 result.failed.setdefault(it.id, f"not run: the {settings.timeout_s:g} s time limit was used up")
             break
         started = time.monotonic()
-        worker = _Worker(settings, root, scratch, cache_dir, extra_fields)
+        worker = _Worker(settings, root, scratch, cache_dir, extra_fields, arbiter)
         poisoned.clear()
         current: Item | None = None
         progress = 0
         try:
-            waiting = time.monotonic()
-            with _hold(gpu_lock, None):  # importing the module compiles kernels: not while another run is timed
-                deadline += time.monotonic() - waiting
-                hello_by = min(deadline, time.monotonic() + settings.call_timeout_s + GRACE_S)
-                try:
-                    worker.receive(hello_by, limit)  # Hello
-                except _Ended as ended:
-                    outcome = ended.outcome or worker.stop()
-                    if outcome.timed_out and hello_by >= deadline:  # the exercise's time, used by the student's code
-                        raise
-                    raise WorkerStartError(f"the worker did not start ({ended.why}):\n"
-                                           f"{outcome.stderr.text()[-2000:]}") from None
-                result.add_time("worker start", time.monotonic() - started)
-                loading = time.monotonic()
-                worker.send(protocol.Job(exercise.name, seen_root, settings.device, settings.call_timeout_s))
-                loaded = worker.receive(min(deadline, time.monotonic() + settings.call_timeout_s + GRACE_S), limit)
+            hello_by = min(deadline, time.monotonic() + settings.call_timeout_s + GRACE_S)
+            try:
+                worker.receive(hello_by, limit)  # Hello
+            except _Ended as ended:
+                outcome = ended.outcome or worker.stop()
+                if outcome.timed_out and hello_by >= deadline:  # the exercise's time, used by the student's code
+                    raise
+                raise WorkerStartError(f"the worker did not start ({ended.why}):\n"
+                                       f"{outcome.stderr.text()[-2000:]}") from None
+            result.add_time("worker start", time.monotonic() - started)
+            loading, waited = time.monotonic(), worker.waited()
+            worker.send(protocol.Job(exercise.name, seen_root, settings.device, settings.call_timeout_s))
+            loaded = worker.receive(min(deadline, time.monotonic() + settings.call_timeout_s + GRACE_S), limit)
+            deadline += worker.waited() - waited
             if not isinstance(loaded, protocol.Loaded):
                 raise _Ended("the worker sent a malformed result: expected the loaded message")
             result.add_time("import the module", time.monotonic() - loading)
@@ -393,11 +411,11 @@ def run(exercise: Exercise, root: Path, items: list[Item], settings: RunSettings
                     continue
                 request = _request(item, references)
                 current, sent = item, time.monotonic()
-                if isinstance(request, protocol.RunSpeed):  # compile first, sharing the GPU; then alone
-                    warmed = ask(worker, protocol.WarmUp(item.id, item.part.name), item, shared=True)
+                if isinstance(request, protocol.RunSpeed):  # compile every candidate first; then autotune and record
+                    warmed = ask(worker, protocol.WarmUp(item.id, item.part.name), item)
                     if not isinstance(warmed, protocol.WarmedUp | protocol.Raised | protocol.NotImplementedYet):
                         raise _Ended(f"the worker sent a malformed result: {type(warmed).__name__} to a warm-up")
-                    result.add_time("speed: warm-up (compiles, sharing the GPU)", time.monotonic() - sent)
+                    result.add_time("speed: warm-up (compiles)", time.monotonic() - sent)
                     if poisoned:  # the worker exits: the speed measurement is what broke it
                         current = None
                         why = f"the speed warm-up left the CUDA context broken ({poisoned.pop()})"

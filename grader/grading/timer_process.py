@@ -7,9 +7,10 @@ shows it the grader package, a fresh scratch folder and the batch's timer cache 
 submission, the student's Triton cache or the output folder; it gets its jobs as a file in that scratch and leaves
 a result per part there.
 
-It shares the GPU (the slot's lock, held shared) while it starts, loads the kernels and validates the replays,
-and asks for it alone, through two pipes, for each benchmark's timed rounds (:class:`_Gate`). Its time is bounded
-by the parts' timing budgets plus :data:`SETUP_S`, not counting the time it waits for the GPU; a timer that
+It shares the GPU while it starts, loads the kernels and validates the replays, and has it alone for each
+benchmark's timed rounds (it is connected to the GPU's arbiter, :mod:`grader.grading.gpu_arbiter`, like a
+worker). Its time is bounded by the parts' timing budgets plus :data:`SETUP_S`, not counting the time it waits
+for the GPU; a timer that
 overruns it is killed with its kernels, and the benchmark it was replaying fails (a hung kernel is the
 student's). A timer that fails before it replays anything, or whose result cannot be read, is the grader's fault:
 that part's speed waits for a regrade (``timer_fault``). Parts a crashed timer did not reach get a new timer.
@@ -17,20 +18,17 @@ that part's speed waits for a regrade (``timer_fault``). Parts a crashed timer d
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import shutil
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from grader.grading import isolation, sandbox, supervise
 from grader.grading.config import RunSettings
-from grader.grading.slots import SharedExclusiveLock
+from grader.grading.gpu_arbiter import GpuArbiter
 from grader.speed.measure import BenchmarkTiming, SpeedMeasurement
 from grader.speed.plan import LaunchPlan
 from grader.speed.timer import PROGRESS, TimerJob, TimerResult, job_result
@@ -59,18 +57,18 @@ class PartTiming:
 
 
 def time_measurement(settings: RunSettings, exercise: str, part: str, measurement: SpeedMeasurement, *,
-                     budget_s: float, scratch: Path, gpu_lock: SharedExclusiveLock | None = None
+                     budget_s: float, scratch: Path, arbiter: GpuArbiter | None = None
                      ) -> SpeedMeasurement:
     """``measurement`` (the worker's recording) with its benchmarks timed by the trusted timer: a row per
     benchmark with the replayed times, or why there are none. Raises :class:`TimerFault` where the timer failed."""
-    time_parts(settings, exercise, [PartTiming(part, measurement, budget_s)], scratch=scratch, gpu_lock=gpu_lock)
+    time_parts(settings, exercise, [PartTiming(part, measurement, budget_s)], scratch=scratch, arbiter=arbiter)
     if measurement.timer_fault:
         raise TimerFault(measurement.timer_fault)
     return measurement
 
 
 def time_parts(settings: RunSettings, exercise: str, parts: list[PartTiming], *, scratch: Path,
-               gpu_lock: SharedExclusiveLock | None = None) -> None:
+               arbiter: GpuArbiter | None = None) -> None:
     """Time every part of ``parts`` (one timer for all, a new one for parts after a crash); each measurement gets
     a row per benchmark, or its ``timer_fault``."""
     jobs: list[tuple[PartTiming, TimerJob]] = []
@@ -92,7 +90,7 @@ def time_parts(settings: RunSettings, exercise: str, parts: list[PartTiming], *,
             m.benchmarks = [rows[r.label] for r in m.benchmarks if r.label in rows]
     while jobs:
         try:
-            results = _run(settings, [job for _, job in jobs], scratch=scratch, gpu_lock=gpu_lock)
+            results = _run(settings, [job for _, job in jobs], scratch=scratch, arbiter=arbiter)
         except TimerFault as exc:  # the first part's timer never replayed anything: the grader's fault
             jobs[0][0].measurement.timer_fault = str(exc)
             jobs = jobs[1:]
@@ -117,60 +115,14 @@ def _complete(m: SpeedMeasurement, result: TimerResult | TimerFault) -> None:
     m.benchmarks = [rows[r.label] for r in m.benchmarks if r.label in rows]
 
 
-class _Gate:
-    """The grader's side of the timer's gate: the slot's lock held shared while the timer prepares, exclusively
-    while it times (``A``/``R`` from the timer, ``G`` back); the seconds spent waiting for the GPU."""
-
-    def __init__(self, lock: SharedExclusiveLock | None):
-        self.lock = lock
-        self.ask_r, self.ask_w = os.pipe()
-        self.go_r, self.go_w = os.pipe()
-        self.waited = 0.0
-        self._stack = contextlib.ExitStack()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-
-    def timer_fds(self) -> tuple[int, int]:
-        return self.ask_w, self.go_r
-
-    def start(self) -> None:
-        os.close(self.ask_w)
-        os.close(self.go_r)
-        self._thread.start()
-
-    def _hold(self, exclusive: bool) -> None:
-        if self.lock is not None:
-            started = time.monotonic()
-            self._stack.enter_context(self.lock.exclusive() if exclusive else self.lock.shared())
-            self.waited += time.monotonic() - started
-
-    def _serve(self) -> None:
-        self._hold(False)
-        try:
-            while (byte := os.read(self.ask_r, 1)) in (b"A", b"R"):
-                self._stack.close()  # the GPU is released before it is taken again, shared or alone
-                self._hold(byte == b"A")
-                if byte == b"A":
-                    os.write(self.go_w, b"G")
-        except OSError:
-            pass
-        finally:
-            self._stack.close()
-
-    def close(self) -> None:
-        for fd in (self.go_w, self.ask_r):
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        self._thread.join(5.0)
-
-
-def _run(settings: RunSettings, jobs: list[TimerJob], *, scratch: Path, gpu_lock: SharedExclusiveLock | None
+def _run(settings: RunSettings, jobs: list[TimerJob], *, scratch: Path, arbiter: GpuArbiter | None
          ) -> list[TimerResult | TimerFault | None]:
     """One timer for ``jobs``: a result per job, a :class:`TimerResult` of failed rows for the job it was replaying
     when it crashed or hung, None for the jobs it did not reach. Raises :class:`TimerFault` where it ended before
     replaying anything."""
     scratch.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="timer-", dir=scratch))
-    gate = _Gate(gpu_lock)
+    gate = arbiter.connect("timer") if arbiter is not None else None
     try:
         (work / "job.json").write_text(json.dumps({"jobs": [job.to_dict() for job in jobs]}))
         box = settings.sandbox
@@ -179,9 +131,9 @@ def _run(settings: RunSettings, jobs: list[TimerJob], *, scratch: Path, gpu_lock
         cache = settings.workdir / TIMER_CACHE  # Triton's launchers, built once for every timer of the batch
         cache.mkdir(parents=True, exist_ok=True)
         env["TRITON_CACHE_DIR"] = isolation.TRITON_CACHE if box is not None else str(cache)
-        ask, go = gate.timer_fds()
+        gate_fds = gate.process_fds if gate is not None else ()
         argv = [sys.executable, "-I", "-u", "-c", _BOOT, _lib(settings, work), f"{inside}/job.json",
-                f"{inside}/result.json", "--gate", f"{ask},{go}"]
+                f"{inside}/result.json"] + (["--gate", ",".join(map(str, gate_fds))] if gate_fds else [])
         if box is not None:
             import grader
 
@@ -191,18 +143,20 @@ def _run(settings: RunSettings, jobs: list[TimerJob], *, scratch: Path, gpu_lock
             argv, env = box.command(argv, binds=binds, env=env, cwd=inside), {}
         try:
             process = sandbox.Process(argv, cwd=str(work), env=env, rss_limit_bytes=None, output_cap=OUTPUT_CAP,
-                                      pid_namespace=box is not None, pass_fds=(ask, go))
+                                      pid_namespace=box is not None, pass_fds=gate_fds)
         finally:
-            gate.start()
+            if gate is not None:
+                gate.started()
         limit = sum(job.budget_s for job in jobs) + SETUP_S
         started = time.monotonic()
         while not (exited := process.wait(0.5)):
-            if time.monotonic() - started > limit + gate.waited:
+            if time.monotonic() - started > limit + (gate.waiting_now() if gate is not None else 0.0):
                 break
         outcome = process.stop(timed_out=not exited)
         return _results(jobs, work, outcome, limit)
     finally:
-        gate.close()
+        if gate is not None:
+            gate.close()
         shutil.rmtree(work, ignore_errors=True)
 
 

@@ -5,7 +5,8 @@ in the grader, which never imports student code.
 
 A request that runs longer than the job's ``call_timeout_s`` (plus the budget, for speed) makes
 faulthandler print every thread's stack to stderr and exit with status 1, so the report can say where
-the student's code was; the grader enforces the same limit from outside in any case.
+the student's code was; the grader enforces the same limit from outside in any case. Time spent waiting for
+the GPU (``--gate``: another process has it alone, see :mod:`grader.checks.gpu_gate`) is not counted.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import faulthandler
 import os
 import resource
 import sys
+import threading
+import time
 import traceback
 
 MB = 1 << 20
@@ -29,10 +32,48 @@ def _limit(which: int, value: int | None) -> None:
     resource.setrlimit(which, (value, value))
 
 
+class _Watchdog:
+    """faulthandler's timer for the request under way (it prints every stack and exits, even from a busy loop in
+    C); its clock stops while the process waits for the GPU (:class:`grader.checks.gpu_gate.Watch`)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._deadline: float | None = None
+        self._waiting_since: float | None = None  # the process waits for the GPU
+
+    def arm(self, seconds: float) -> None:
+        with self._lock:
+            if seconds > 0:
+                self._deadline = time.monotonic() + seconds
+                if self._waiting_since is None:
+                    faulthandler.dump_traceback_later(seconds, exit=True, file=sys.stderr)
+                else:  # the clock starts when the wait ends
+                    self._waiting_since = time.monotonic()
+
+    def cancel(self) -> None:
+        with self._lock:
+            self._deadline = None
+            faulthandler.cancel_dump_traceback_later()
+
+    def pause(self) -> None:
+        with self._lock:
+            if self._waiting_since is None:
+                self._waiting_since = time.monotonic()
+                faulthandler.cancel_dump_traceback_later()
+
+    def resume(self) -> None:
+        with self._lock:
+            if self._waiting_since is not None and self._deadline is not None:
+                self._deadline += time.monotonic() - self._waiting_since
+                faulthandler.dump_traceback_later(max(0.001, self._deadline - time.monotonic()), exit=True,
+                                                  file=sys.stderr)
+            self._waiting_since = None
+
+
 def _run(request, exercise, modules: dict, device: str):
     """One request's reply. Exceptions of the student's code are results (check.execute records them);
     NotImplementedError from a call that must raise or an extra check means "not written yet"."""
-    from grader.checks import execute
+    from grader.checks import execute, specialization
     from grader.grading import protocol as p
     from grader.speed import autotune, measure
 
@@ -40,17 +81,21 @@ def _run(request, exercise, modules: dict, device: str):
     module = modules[part.name]
     match request:
         case p.RunCase():
-            return p.CaseDone(request.id, _trim(execute.execute(part, module, request.inputs, device), request.full))
+            with specialization.generic():  # correctness: one compilation per dtype, not per shape
+                execution = execute.execute(part, module, request.inputs, device)
+            return p.CaseDone(request.id, _trim(execution, request.full))
         case p.RunBadInput():
             try:
-                outcome = execute.execute_bad_input(module, part.bad_inputs[request.index], device)
+                with specialization.generic():
+                    outcome = execute.execute_bad_input(module, part.bad_inputs[request.index], device)
             except NotImplementedError as exc:
                 return p.NotImplementedYet(request.id, str(exc))
             return p.BadInputDone(request.id, outcome)
         case p.RunExtra():
             extra = next(x for x in part.extra_checks if x.name == request.name)
             try:
-                return p.ExtraDone(request.id, dict(extra.execute(module, device)))
+                with specialization.generic():
+                    return p.ExtraDone(request.id, dict(extra.execute(module, device)))
             except NotImplementedError as exc:
                 return p.NotImplementedYet(request.id, str(exc))
         case p.WarmUp():
@@ -79,14 +124,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fd", type=int, required=True, help="where the replies go")
     parser.add_argument("--memory-mb", type=int, default=None, help="RLIMIT_AS (omit on CUDA)")
     parser.add_argument("--file-mb", type=int, default=None, help="RLIMIT_FSIZE: largest file it may write")
+    parser.add_argument("--gate", default=None, help="R,W: the pipes to the GPU's arbiter (grader.checks.gpu_gate)")
     args = parser.parse_args(argv)
 
     # Limits first, before anything the student controls runs; children inherit them.
     _limit(resource.RLIMIT_CORE, 0)
     _limit(resource.RLIMIT_AS, args.memory_mb * MB if args.memory_mb else None)
     _limit(resource.RLIMIT_FSIZE, args.file_mb * MB if args.file_mb else None)
-    for fd in (args.requests_fd, args.fd):
+    gate_fds = tuple(int(fd) for fd in args.gate.split(",")) if args.gate else ()
+    for fd in (args.requests_fd, args.fd, *gate_fds):
         os.set_inheritable(fd, False)  # programs the student starts do not get the channels
+    watchdog = _Watchdog()
+    from grader.checks import gpu_gate
+
+    # The gate first, before anything touches the GPU: the arbiter may have asked this process to start paused.
+    gate = gpu_gate.Gate(*gate_fds, watch=watchdog) if gate_fds else gpu_gate.NO_GATE
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     faulthandler.enable(file=sys.stderr)  # a segfault prints the Python stack to the captured stderr
@@ -115,29 +167,37 @@ def main(argv: list[str] | None = None) -> int:
     runtime.configure()
     if job.device == "cuda":
         timing.capture_primitives()  # before any student code runs: what timing calls, as it is now
+    if gate is not gpu_gate.NO_GATE:
+        gpu_gate.install(gate)  # Triton's compilation never holds up another process's turn alone
     autotune.install(default=autotune.FIRST)  # correctness calls never time autotune candidates
+    if job.device == "cuda":
+        from grader.checks import specialization
+
+        specialization.install()
     exercise = exercises.get(job.exercise)
     if job.call_timeout_s > 0:  # importing the module is student code too
-        faulthandler.dump_traceback_later(job.call_timeout_s, exit=True, file=sys.stderr)
+        watchdog.arm(job.call_timeout_s)
     modules, errors = {}, {}
-    for part in exercise.parts:
-        try:
-            modules[part.name] = loader.load(job.root, exercise, part.functions)
-        except loader.LoadError as exc:
-            errors[part.name] = p.LoadFailure(exc.kind, str(exc))
-    faulthandler.cancel_dump_traceback_later()
+    with gate.use():
+        for part in exercise.parts:
+            try:
+                modules[part.name] = loader.load(job.root, exercise, part.functions)
+            except loader.LoadError as exc:
+                errors[part.name] = p.LoadFailure(exc.kind, str(exc))
+    watchdog.cancel()
     send(p.Loaded(errors))
 
     while not isinstance(request := receive(), p.Finish):
         limit = job.call_timeout_s + (request.budget_s if isinstance(request, p.RunSpeed) else 0.0)
-        if job.call_timeout_s > 0:  # a watchdog thread: prints every stack and exits, even from a busy loop in C
-            faulthandler.dump_traceback_later(limit, exit=True, file=sys.stderr)
+        if job.call_timeout_s > 0:
+            watchdog.arm(limit)
         try:
-            reply = _run(request, exercise, modules, job.device)
+            with gate.use():
+                reply = _run(request, exercise, modules, job.device)
         except BaseException as exc:  # the student's SystemExit, KeyboardInterrupt, ... is a result too
             reply = p.Raised(request.id, _describe(exc))
         finally:
-            faulthandler.cancel_dump_traceback_later()
+            watchdog.cancel()
         broken = runtime.cuda_broken() if job.device == "cuda" else None
         if broken:  # said first: the grader charges this request, and runs the rest in a fresh worker
             send(p.Poisoned(broken))

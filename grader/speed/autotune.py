@@ -10,8 +10,10 @@ leave it alone):
   memory, is skipped as the autotuner would skip it). Every config a student lists must be correct: another GPU
   could pick any of them.
 * ``COMPILE`` (the speed warm-up, sharing the GPU): every candidate is compiled and run once, not timed.
-* ``TUNE`` (the speed recording, holding the GPU alone): Triton's own autotuning, timing the candidates that
-  are already compiled. :func:`forget_untimed` first drops every choice made in the other modes.
+* ``TUNE`` (the speed recording): Triton's own autotuning, timing the candidates that are already compiled, with
+  the GPU alone (:func:`grader.checks.gpu_gate.current`'s ``alone()``, taken when the first candidate is timed and
+  given back when the autotuner has chosen). :func:`forget_untimed` first drops every choice made in the other
+  modes.
 
 Choices made in ``FIRST``/``COMPILE`` are never written to Triton's on-disk autotune cache.
 """
@@ -22,6 +24,8 @@ import contextlib
 import threading
 import weakref
 from collections.abc import Iterator
+
+from grader.checks import gpu_gate
 
 FIRST, COMPILE, TUNE = "first", "compile", "tune"
 _FAILED = [float("inf")] * 3  # what Triton's own _bench returns for a config it cannot build
@@ -68,8 +72,13 @@ def install(default: str = FIRST) -> bool:
 
     def patched_run(self, *args, **kwargs):
         current = _mode()
-        if current == TUNE:
-            return run(self, *args, **kwargs)
+        if current == TUNE:  # timing candidates takes the GPU alone (patched_bench), until the choice is made
+            with contextlib.ExitStack() as alone:
+                _state.alone = alone
+                try:
+                    return run(self, *args, **kwargs)
+                finally:
+                    _state.alone = None
         cache = getattr(self, "cache", None)
         before = set(cache) if isinstance(cache, dict) else set()
         saved = getattr(self, "cache_results", False)
@@ -85,6 +94,10 @@ def install(default: str = FIRST) -> bool:
     def patched_bench(self, *args, config, **meta):
         current = _mode()
         if current == TUNE:
+            alone = getattr(_state, "alone", None)
+            if alone is not None:
+                alone.enter_context(gpu_gate.current().alone())
+                _state.alone = None  # once per choice
             return bench(self, *args, config=config, **meta)
         if current == FIRST and getattr(self, "_grader_found", False):
             return _FAILED  # a runnable config was found: the others are neither built nor run

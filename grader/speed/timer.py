@@ -1,4 +1,4 @@
-"""The trusted timer process: ``python -m grader.speed.timer JOBS.json RESULT.json [--gate ASK,GO]``.
+"""The trusted timer process: ``python -m grader.speed.timer JOBS.json RESULT.json [--gate R,W]``.
 
 The grader starts one per student's exercise, in a sandbox that shows it the grader package and a scratch
 folder only, never the submission: it could not import the student's module if it tried, and it imports
@@ -9,18 +9,15 @@ writes a :class:`TimerResult` per job as it finishes (``RESULT.json`` for the fi
 the others). It holds no secret and nothing of another student: whatever a replayed kernel does to its GPU memory
 ends with the process.
 
-With ``--gate``, two pipe descriptors: before each benchmark's timed rounds the timer writes ``A`` to ASK and
-waits for a byte on GO (the grader grants it the GPU alone), and writes ``R`` after them. Its start-up, loading
-the kernels and the validation replays share the GPU with other students' correctness checks.
+With ``--gate``, the two pipes to the GPU's arbiter (:mod:`grader.checks.gpu_gate`): the timer has the GPU alone
+for each benchmark's timed rounds; its start-up, loading the kernels and the validation replays share it with
+other students' work.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,33 +66,14 @@ def job_result(first: Path, index: int) -> Path:
     return first if index == 0 else first.with_name(f"{first.stem}-{index}{first.suffix}")
 
 
-class Gate:
-    """The GPU alone for the timed rounds, granted by the grader through two pipes (no pipes: always granted)."""
-
-    def __init__(self, ask_fd: int | None = None, go_fd: int | None = None):
-        self.ask_fd, self.go_fd = ask_fd, go_fd
-
-    @contextlib.contextmanager
-    def alone(self) -> Iterator[None]:
-        if self.ask_fd is None or self.go_fd is None:
-            yield
-            return
-        os.write(self.ask_fd, b"A")
-        if os.read(self.go_fd, 1) != b"G":
-            raise RuntimeError("the grader closed the timer's gate")
-        try:
-            yield
-        finally:
-            os.write(self.ask_fd, b"R")
-
-
-def run(job: TimerJob, folder: Path, *, index: int = 0, gate: Gate | None = None) -> TimerResult:
+def run(job: TimerJob, folder: Path, *, index: int = 0) -> TimerResult:
     """Time every plan of ``job`` (see the module docstring), working in ``folder``; ``"<index> <label>"`` is
     appended to ``folder/PROGRESS`` before each benchmark's kernels are loaded, so that whoever started the timer
     knows which benchmark a crash or a hang belongs to."""
     import torch
 
     from grader import exercises
+    from grader.checks import gpu_gate
     from grader.speed import trusted
 
     part = exercises.get(job.exercise).part(job.part)
@@ -105,9 +83,10 @@ def run(job: TimerJob, folder: Path, *, index: int = 0, gate: Gate | None = None
     for i, bench in enumerate(planned):
         with open(folder / PROGRESS, "a") as progress:
             progress.write(f"{index} {bench.label.replace(' ', '_')}\n")
-        timed = trusted.time_plan(part, bench, job.plans[bench.label], folder=folder / "replay" / f"j{index}b{i}",
-                                  budget_s=per_benchmark, baselines=job.baselines,
-                                  alone=(gate or Gate()).alone)
+        gate = gpu_gate.current()
+        with gate.use():
+            timed = trusted.time_plan(part, bench, job.plans[bench.label], folder=folder / "replay" / f"j{index}b{i}",
+                                      budget_s=per_benchmark, baselines=job.baselines, alone=gate.alone)
         result.benchmarks.append(timed.row.to_dict())
         if timed.mismatch:
             result.mismatches.append(f"{bench.label}: {timed.mismatch}")
@@ -124,17 +103,21 @@ def _write(path: Path, result: TimerResult) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    gate = Gate()
-    if len(args) == 4 and args[2] == "--gate":
-        ask, go = (int(fd) for fd in args[3].split(","))
-        gate, args = Gate(ask, go), args[:2]
+    from grader.checks import gpu_gate
+
+    gate: gpu_gate.NoGate = gpu_gate.NO_GATE
+    if len(args) == 4 and args[2] == "--gate":  # first, before anything touches the GPU (it may start paused)
+        from_arbiter, to_arbiter = (int(fd) for fd in args[3].split(","))
+        gate, args = gpu_gate.Gate(from_arbiter, to_arbiter), args[:2]
     if len(args) != 2:
-        print("usage: python -m grader.speed.timer JOBS.json RESULT.json [--gate ASK,GO]", file=sys.stderr)
+        print("usage: python -m grader.speed.timer JOBS.json RESULT.json [--gate R,W]", file=sys.stderr)
         return 2
     job_path, first = Path(args[0]), Path(args[1])
     from grader.checks import runtime
 
     runtime.configure()
+    if gate is not gpu_gate.NO_GATE:
+        gpu_gate.install(gate)
     try:
         data = json.loads(job_path.read_text())
         jobs = [TimerJob.from_dict(d) for d in (data["jobs"] if isinstance(data, dict) and "jobs" in data
@@ -143,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         _write(first, TimerResult("", error=f"the timer's job is malformed: {type(exc).__name__}: {exc}"))
         return 0
     for index, job in enumerate(jobs):
-        _write(job_result(first, index), run(job, first.parent, index=index, gate=gate))
+        _write(job_result(first, index), run(job, first.parent, index=index))
     return 0
 
 

@@ -1,0 +1,238 @@
+"""Sharing one GPU between the grader's processes: the side of a process that runs kernels on it (a student's
+worker, the trusted timer). The grader's side is :mod:`grader.grading.gpu_arbiter`.
+
+Many processes use a GPU at once: compiling, running correctness cases, validating replays. Timing needs it
+alone. A process holds a :class:`Gate` (two pipes to the arbiter of its GPU) and marks what it does:
+
+* ``use()`` — a stretch of GPU work (a request of the grader's, a validation replay). Several processes use
+  the GPU at once.
+* ``released()`` — CPU work inside such a stretch (Triton compiling a kernel, building its launcher): nobody
+  waits for it.
+* ``alone()`` — the GPU for this process alone (the timed rounds; an autotuner timing its configs). The
+  arbiter first pauses every other process: each finishes the ``use()`` stretch it is in (or is compiling, which
+  never holds anyone up), waits for the work it already queued on the GPU, and says so. Its compilation goes on
+  meanwhile; only its next ``use()`` waits until the arbiter lets it continue.
+
+The bytes on the pipes: from the arbiter ``P`` (pause), ``C`` (continue), ``G`` (the GPU is yours alone); to it
+``D`` (paused: nothing of ours runs on the GPU), ``A`` (asking for it alone), ``R`` (done with it). The arbiter
+sends ``P`` or ``C`` first, so a process knows from its start whether it may use the GPU.
+
+Student code runs in the worker and can ignore all this (start kernels from a thread of its own, say): that
+only disturbs the timing of others, as it could without a gate; what a gate guarantees holds for the grader's
+own calls and for every student who does not try.
+
+Without a gate (pytest, ``grader bench``, the CPU) :data:`NO_GATE` stands in: nothing is shared.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Protocol
+
+
+class Watch(Protocol):
+    """Told when the process waits for the GPU (the worker's watchdog stops its clock meanwhile)."""
+
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+
+class NoGate:
+    """Nothing to share with: every stretch proceeds at once."""
+
+    paused_s = 0.0
+
+    @contextlib.contextmanager
+    def use(self) -> Iterator[None]:
+        yield
+
+    @contextlib.contextmanager
+    def released(self) -> Iterator[None]:
+        yield
+
+    @contextlib.contextmanager
+    def alone(self) -> Iterator[None]:
+        yield
+
+
+NO_GATE = NoGate()
+
+
+class Gate(NoGate):
+    """A process's end of its GPU's arbiter (see the module docstring). ``watch`` (the worker's watchdog) is told
+    when the process starts and stops waiting for the GPU — paused, or waiting for it alone: not its own time."""
+
+    def __init__(self, from_arbiter: int, to_arbiter: int, *, watch: Watch | None = None):
+        self._read_fd, self._write_fd = from_arbiter, to_arbiter
+        self._cond = threading.Condition()
+        self._local = threading.local()
+        self._users = 0  # threads inside use() and not released()
+        self._paused = False
+        self._granted = False
+        self._closed = False
+        self._paused_since = 0.0
+        self.paused_s = 0.0  # waiting for the GPU: paused, or waiting for it alone
+        self._watch = watch
+        self._send_lock = threading.Lock()
+        first = self._read()
+        if first == b"P":
+            self._pause_now()  # nothing of ours runs yet: paused at once
+        threading.Thread(target=self._serve, name="gpu-gate", daemon=True).start()
+
+    # ------------------------------------------------------------------------------- the process's side
+
+    @contextlib.contextmanager
+    def use(self) -> Iterator[None]:
+        depth = getattr(self._local, "depth", 0)
+        if depth == 0:
+            self._enter()
+        self._local.depth = depth + 1
+        try:
+            yield
+        finally:
+            self._local.depth = depth
+            if depth == 0:
+                self._leave()
+
+    @contextlib.contextmanager
+    def released(self) -> Iterator[None]:
+        depth = getattr(self._local, "depth", 0)
+        if depth == 0:
+            yield
+            return
+        self._local.depth = 0
+        self._leave()
+        try:
+            yield
+        finally:
+            self._enter()
+            self._local.depth = depth
+
+    @contextlib.contextmanager
+    def alone(self) -> Iterator[None]:
+        with self.released():  # waiting for the GPU is not using it
+            asked = time.monotonic()
+            self._wait_starts()
+            self._send(b"A")
+            with self._cond:
+                while not (self._granted or self._closed):
+                    self._cond.wait()
+                self._granted = False
+            self._waited(time.monotonic() - asked)
+        try:
+            yield
+        finally:
+            self._send(b"R")
+
+    def _enter(self) -> None:
+        with self._cond:
+            while self._paused:
+                self._cond.wait()
+            self._users += 1
+
+    def _leave(self) -> None:
+        with self._cond:
+            self._users -= 1
+            self._cond.notify_all()
+
+    # ------------------------------------------------------------------------------- the arbiter's side
+
+    def _serve(self) -> None:
+        while True:
+            byte = self._read()
+            if byte == b"P":
+                with self._cond:
+                    self._paused, self._paused_since = True, time.monotonic()
+                    while self._users:
+                        self._cond.wait()
+                self._pause_now()
+            elif byte == b"C":
+                with self._cond:
+                    waited = time.monotonic() - self._paused_since if self._paused else 0.0
+                    self._paused = False
+                    self._cond.notify_all()
+                self._waited(waited)
+            elif byte == b"G":
+                with self._cond:
+                    self._granted = True
+                    self._cond.notify_all()
+            elif not byte:  # the arbiter is gone: nothing left to share with
+                with self._cond:
+                    self._closed, self._paused = True, False
+                    self._cond.notify_all()
+                return
+
+    def _pause_now(self) -> None:
+        with self._cond:
+            if not self._paused:
+                self._paused, self._paused_since = True, time.monotonic()
+        _synchronize()  # what this process queued before the pause has finished when the arbiter hears "D"
+        self._wait_starts()
+        self._send(b"D")
+
+    def _wait_starts(self) -> None:
+        if self._watch is not None:
+            self._watch.pause()
+
+    def _waited(self, seconds: float) -> None:
+        self.paused_s += seconds
+        if self._watch is not None:
+            self._watch.resume()
+
+    def _read(self) -> bytes:
+        try:
+            return os.read(self._read_fd, 1)
+        except OSError:
+            return b""
+
+    def _send(self, byte: bytes) -> None:
+        with self._send_lock, contextlib.suppress(OSError):
+            os.write(self._write_fd, byte)
+
+
+def _synchronize() -> None:
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+_current: NoGate = NO_GATE
+
+
+def current() -> NoGate:
+    """This process's gate (:data:`NO_GATE` unless :func:`install` was called)."""
+    return _current
+
+
+def install(gate: NoGate) -> None:
+    """Make ``gate`` this process's, and let Triton's compilation (compiling a kernel, loading it and building its
+    launcher) run outside ``use()``: it is CPU work, and a pause never waits for it."""
+    global _current
+    _current = gate
+    import triton.compiler as triton_compiler
+
+    compile_kernel = triton_compiler.compile
+    if getattr(compile_kernel, "_grader_gate", False):
+        return
+
+    def compile_released(*args, **kwargs):
+        with current().released():
+            return compile_kernel(*args, **kwargs)
+
+    compile_released._grader_gate = True  # type: ignore[attr-defined]
+    triton_compiler.compile = compile_released  # JITFunction takes it from here when it first runs
+    kernel_class = getattr(triton_compiler, "CompiledKernel", None)
+    init_handles = getattr(kernel_class, "_init_handles", None)
+    if init_handles is not None:
+
+        def init_handles_released(self, *args, **kwargs):
+            with current().released():
+                return init_handles(self, *args, **kwargs)
+
+        kernel_class._init_handles = init_handles_released

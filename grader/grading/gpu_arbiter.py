@@ -1,0 +1,219 @@
+"""Who may use one GPU, and when one process has it alone: the grader's side of
+:mod:`grader.checks.gpu_gate` (read that first).
+
+Every process that runs on a GPU slot (a worker, a trusted timer) is connected to the slot's
+:class:`GpuArbiter` by two pipes. The processes share the GPU freely; a request for the GPU alone (a timer's timed
+rounds, a worker's autotuning) waits its turn (first come, first served), then every other process is paused: each
+says when nothing of its own runs on the GPU any more, which takes as long as the GPU work it has in flight, never
+as long as a compilation. The requester is granted the GPU, and when it is done the others continue.
+
+A process that dies counts as paused and done: an arbiter never waits for a process that is gone, and one that
+never answers is bounded by the limits the grader enforces on it (a worker's call limit, a timer's own limit).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+
+
+class Client:
+    """One process's connection (the grader's ends of its two pipes). Pass :attr:`process_fds` to the process,
+    then call :meth:`started`; :meth:`close` when it has ended."""
+
+    def __init__(self, arbiter: GpuArbiter, name: str):
+        self.arbiter, self.name = arbiter, name
+        to_process_r, self._to_process = os.pipe()
+        self._from_process, from_process_w = os.pipe()
+        self.process_fds = (to_process_r, from_process_w)  # what the process reads, what it writes
+        self.drained = threading.Event()  # set when it has answered every pause sent so far
+        self._pauses_sent = self._pauses_answered = 0
+        self.done = threading.Event()  # its time alone is over
+        self.gone = False
+        self.waited_s = 0.0  # paused by others, or waiting for the GPU alone: not the process's own time
+        self._pausing = False
+        self._paused_since: float | None = None
+        self._asked_at: float | None = None
+        self._send_lock = threading.Lock()
+
+    def started(self) -> None:
+        """The process has its ends: close ours of them and start listening."""
+        for fd in self.process_fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        threading.Thread(target=self._listen, name=f"gpu-arbiter-{self.name}", daemon=True).start()
+
+    def close(self) -> None:
+        self._gone()
+        with contextlib.suppress(OSError):
+            os.close(self._to_process)
+
+    def waiting_now(self) -> float:
+        """Seconds of :attr:`waited_s`, counting a pause or a wait still under way."""
+        now = time.monotonic()
+        extra = (now - self._paused_since) if self._paused_since is not None else 0.0
+        extra += (now - self._asked_at) if self._asked_at is not None else 0.0
+        return self.waited_s + extra
+
+    def send(self, byte: bytes) -> None:
+        with self._send_lock:
+            if self.gone:  # nothing to tell: it counts as paused, and done
+                return
+            try:
+                os.write(self._to_process, byte)
+            except OSError:
+                failed = True
+            else:
+                failed = False
+                self._sent(byte)
+        if failed:
+            self._gone()
+
+    def _sent(self, byte: bytes) -> None:
+        now = time.monotonic()
+        if byte == b"P":
+            self._pausing = True
+            self._pauses_sent += 1
+            self.drained.clear()
+        elif byte == b"C":
+            if self._paused_since is not None:
+                self.waited_s += now - self._paused_since
+            self._pausing, self._paused_since = False, None
+        elif byte == b"G" and self._asked_at is not None:
+            self.waited_s += now - self._asked_at
+            self._asked_at = None
+
+    def _listen(self) -> None:
+        while True:
+            try:
+                byte = os.read(self._from_process, 1)
+            except OSError:
+                byte = b""
+            if byte == b"D":
+                with self._send_lock:  # paused from now: until here the process was finishing its own work
+                    if self._pausing and self._paused_since is None:
+                        self._paused_since = time.monotonic()
+                    self._pauses_answered += 1
+                    if self._pauses_answered >= self._pauses_sent:  # the answer to the latest pause
+                        self.drained.set()
+            elif byte == b"A":
+                self._asked_at = time.monotonic()
+                self.arbiter._ask(self)
+            elif byte == b"R":
+                self.done.set()
+            elif not byte:
+                self._gone()
+                with contextlib.suppress(OSError):
+                    os.close(self._from_process)
+                return
+
+    def _gone(self) -> None:
+        with self._send_lock:
+            self.gone = True
+            self.drained.set()
+            self.done.set()
+        self.arbiter._forget(self)
+
+
+class _Turn:
+    """One request for the GPU alone: a process's (granted with ``G``, over when it says ``R`` or dies) or the
+    grader's own (:meth:`GpuArbiter.alone`)."""
+
+    def __init__(self, client: Client | None = None):
+        self.client = client
+        self.asked = time.monotonic()
+        self.granted = threading.Event()
+        self.done = client.done if client is not None else threading.Event()
+
+    def grant(self) -> None:
+        if self.client is not None:
+            self.client.done.clear()
+            self.client.send(b"G")
+        self.granted.set()
+
+
+class GpuArbiter:
+    """The GPU of one slot, shared by its processes and lent to one of them alone at a time (see the module
+    docstring). The counters are for ``grader grade --profile``."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._clients: list[Client] = []
+        self._queue: deque[_Turn] = deque()
+        self._paused: list[Client] = []  # paused for the turn under way
+        self._turn = False
+        self.alone_s = 0.0  # held alone, in all
+        self.alone_count = 0
+        self.drain_s = 0.0  # waiting for the others' GPU work to finish, before each turn
+        self.queue_s = 0.0  # requests waiting for their turn (the drain included), in all
+        threading.Thread(target=self._serve, name="gpu-arbiter", daemon=True).start()
+
+    def connect(self, name: str) -> Client:
+        """A new process's connection; it starts paused when another process has the GPU alone now."""
+        client = Client(self, name)
+        with self._cond:
+            self._clients.append(client)
+            if self._turn:
+                self._paused.append(client)
+                client.send(b"P")  # it has not started: nothing of its own runs on the GPU yet
+            else:
+                client.send(b"C")
+        return client
+
+    @contextlib.contextmanager
+    def alone(self) -> Iterator[None]:
+        """The GPU alone for the grader's own code: a turn like a process's."""
+        turn = _Turn()
+        self._enqueue(turn)
+        turn.granted.wait()
+        try:
+            yield
+        finally:
+            turn.done.set()
+
+    def _ask(self, client: Client) -> None:
+        self._enqueue(_Turn(client))
+
+    def _enqueue(self, turn: _Turn) -> None:
+        with self._cond:
+            self._queue.append(turn)
+            self._cond.notify_all()
+
+    def _forget(self, client: Client) -> None:
+        with self._cond:
+            if client in self._clients:
+                self._clients.remove(client)
+
+    def _serve(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue:
+                    self._cond.wait()
+                turn = self._queue.popleft()
+                if turn.client is not None and turn.client.gone:
+                    continue
+                self._turn = True
+                others = [c for c in self._clients if c is not turn.client and not c.gone]
+                self._paused = list(others)
+            started = time.monotonic()
+            for other in others:
+                other.send(b"P")
+            for other in others:
+                other.drained.wait()
+            granted = time.monotonic()
+            self.drain_s += granted - started
+            self.queue_s += granted - turn.asked
+            turn.grant()
+            turn.done.wait()
+            with self._cond:
+                self.alone_s += time.monotonic() - granted
+                self.alone_count += 1
+                self._turn = False
+                paused, self._paused = self._paused, []
+            for other in paused:
+                if not other.gone:
+                    other.send(b"C")

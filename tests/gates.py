@@ -1,0 +1,25 @@
+"""Threads standing in for the processes that share a GPU: each gets a real :class:`~grader.checks.gpu_gate.Gate`
+over real pipes to a real :class:`~grader.grading.gpu_arbiter.GpuArbiter`."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+from grader.checks.gpu_gate import Gate
+from grader.grading.gpu_arbiter import Client, GpuArbiter
+
+
+class ThreadProcess:
+    """A process's gate, used from threads of this one; :meth:`die` closes its ends as a process's exit would."""
+
+    def __init__(self, arbiter: GpuArbiter, name: str = "process"):
+        self.client: Client = arbiter.connect(name)
+        self._fds = [os.dup(fd) for fd in self.client.process_fds]
+        self.client.started()  # closes the arbiter's copies of the process's ends, as after a real start
+        self.gate = Gate(*self._fds)
+
+    def die(self) -> None:
+        for fd in self._fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)

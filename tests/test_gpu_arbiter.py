@@ -1,0 +1,226 @@
+"""Sharing a GPU (grader.checks.gpu_gate, grader.grading.gpu_arbiter), on the CPU, with threads standing in for
+the processes: they use the GPU side by side; a turn alone pauses the others once their GPU work is done, never
+waits for a compilation, and never for a process that is gone; turns come first come, first served; a process
+started during a turn starts paused; the time a process waits is counted (its limits move on by as much); and an
+autotuner timing its configs has the GPU alone once per choice."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from grader.checks import gpu_gate
+from grader.grading.gpu_arbiter import GpuArbiter
+from tests.gates import ThreadProcess
+
+
+class _Board:
+    """Who is inside a use() stretch or a turn alone, and what each saw."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.using: set[str] = set()
+        self.alone: set[str] = set()
+        self.events: list[tuple[str, str, frozenset[str]]] = []
+
+    def enter(self, kind: str, name: str) -> None:
+        with self.lock:
+            (self.alone if kind == "alone" else self.using).add(name)
+            self.events.append((name, kind, frozenset(self.using | self.alone)))
+
+    def leave(self, kind: str, name: str) -> None:
+        with self.lock:
+            (self.alone if kind == "alone" else self.using).discard(name)
+
+
+def test_processes_share_the_gpu_and_a_turn_alone_waits_for_their_work_then_pauses_them():
+    arbiter, board = GpuArbiter(), _Board()
+    users = [ThreadProcess(arbiter, f"w{i}") for i in range(3)]
+    timer = ThreadProcess(arbiter, "timer")
+    inside = threading.Barrier(4, timeout=10)
+    turn_asked, leave = threading.Event(), threading.Event()
+
+    def work(name: str, process: ThreadProcess) -> None:
+        with process.gate.use():
+            board.enter("use", name)
+            inside.wait()  # all three use the GPU at once
+            leave.wait(10)
+            board.leave("use", name)
+        with process.gate.use():  # after the turn was asked for: waits for it to end
+            board.enter("use", name)
+            board.leave("use", name)
+
+    def alone() -> None:
+        with timer.gate.use():
+            turn_asked.set()
+            with timer.gate.alone():
+                board.enter("alone", "timer")
+                time.sleep(0.2)
+                board.leave("alone", "timer")
+
+    threads = [threading.Thread(target=work, args=(f"w{i}", p)) for i, p in enumerate(users)]
+    for t in threads:
+        t.start()
+    inside.wait()
+    t_alone = threading.Thread(target=alone)
+    t_alone.start()
+    turn_asked.wait(10)
+    time.sleep(0.3)
+    assert "timer" not in board.alone  # the others' GPU work is not done: the turn waits for it
+    leave.set()
+    for t in [*threads, t_alone]:
+        t.join(10)
+    assert [e for e in board.events if e[1] == "alone"] == [("timer", "alone", frozenset({"timer"}))]
+    uses = [e for e in board.events if e[1] == "use"]
+    assert max(len(seen) for _, _, seen in uses) == 3  # shared
+    assert all("timer" not in seen for _, _, seen in uses)  # nobody used the GPU during the turn
+    assert arbiter.alone_count == 1 and arbiter.alone_s >= 0.2
+
+
+def test_a_compiling_process_never_holds_up_a_turn_and_continues_after_it():
+    arbiter = GpuArbiter()
+    worker, timer = ThreadProcess(arbiter, "worker"), ThreadProcess(arbiter, "timer")
+    compiling, order = threading.Event(), []
+
+    def student_call():
+        with worker.gate.use():
+            order.append("launch")
+            with worker.gate.released():  # Triton compiling the next kernel: CPU work
+                compiling.set()
+                time.sleep(1.0)
+            order.append("next launch")
+
+    t = threading.Thread(target=student_call)
+    t.start()
+    compiling.wait(10)
+    started = time.monotonic()
+    with timer.gate.use(), timer.gate.alone():
+        granted_after = time.monotonic() - started
+        order.append("timed rounds")
+        time.sleep(1.2)  # the compilation ends meanwhile: its next launch waits for the turn
+        order.append("timed rounds end")
+    t.join(10)
+    assert granted_after < 0.5, granted_after
+    assert order == ["launch", "timed rounds", "timed rounds end", "next launch"]
+    assert worker.client.waited_s > 0.05  # paused after its compilation: not the student's time
+
+
+def test_a_process_that_is_gone_never_blocks_a_turn():
+    arbiter = GpuArbiter()
+    stuck, timer = ThreadProcess(arbiter, "stuck"), ThreadProcess(arbiter, "timer")
+    holding = threading.Event()
+
+    def hold_forever():
+        with stuck.gate.use():
+            holding.set()
+            time.sleep(30)
+
+    threading.Thread(target=hold_forever, daemon=True).start()
+    holding.wait(10)
+    granted = threading.Event()
+
+    def ask():
+        with timer.gate.alone():
+            granted.set()
+
+    threading.Thread(target=ask, daemon=True).start()
+    assert not granted.wait(0.5)  # it still runs: the turn waits
+    stuck.die()  # killed (say, its call limit): it is paused for good
+    assert granted.wait(5)
+
+
+def test_turns_come_in_order_and_a_process_started_during_a_turn_starts_paused():
+    arbiter = GpuArbiter()
+    first, second = ThreadProcess(arbiter, "first"), ThreadProcess(arbiter, "second")
+    order, in_turn = [], threading.Event()
+
+    def turn(process: ThreadProcess, name: str, hold: float) -> None:
+        with process.gate.alone():
+            order.append(name)
+            in_turn.set()
+            time.sleep(hold)
+            order.append(f"{name} end")
+
+    a = threading.Thread(target=turn, args=(first, "first", 0.5))
+    a.start()
+    in_turn.wait(10)
+    b = threading.Thread(target=turn, args=(second, "second", 0.1))
+    b.start()
+    late = ThreadProcess(arbiter, "late")  # connects while the first turn runs
+    with late.gate.use():
+        order.append("late uses the GPU")
+    a.join(10)
+    b.join(10)
+    assert order[:2] == ["first", "first end"]
+    assert set(order[2:]) == {"second", "second end", "late uses the GPU"}
+    assert order.index("second") < order.index("second end")
+    assert late.client.waited_s > 0.1
+
+
+def test_the_wait_for_a_turn_is_counted_as_the_processes_and_told_to_it():
+    arbiter = GpuArbiter()
+    told: list[str] = []
+
+    class Watch:
+        def pause(self):
+            told.append("pause")
+
+        def resume(self):
+            told.append("resume")
+
+    holder = ThreadProcess(arbiter, "holder")
+    waiter = ThreadProcess(arbiter, "waiter")
+    waiter.gate._watch = Watch()
+    granted = threading.Event()
+
+    def hold():
+        with holder.gate.alone():
+            granted.set()
+            time.sleep(0.6)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    granted.wait(10)
+    with waiter.gate.use():  # paused: waits for the turn to end
+        pass
+    t.join(10)
+    assert 0.3 < waiter.client.waited_s < 5
+    assert told == ["pause", "resume"]
+
+
+@pytest.mark.parametrize("timed_calls", [1, 2])
+def test_an_autotuner_timing_its_configs_has_the_gpu_alone_once_per_choice(monkeypatch, timed_calls):
+    """Triton's autotuner in the worker's TUNE mode: the configs are timed with the GPU alone, in one turn per
+    choice; a call whose choice is cached asks for nothing (the interpreter runs the chosen config)."""
+    import torch
+    import triton
+    import triton.language as tl
+
+    from grader.speed import autotune
+
+    class Recording(gpu_gate.NoGate):
+        turns = 0
+
+        def alone(self):
+            Recording.turns += 1
+            return super().alone()
+
+    monkeypatch.setattr(gpu_gate, "_current", Recording())
+    autotune.install(default=autotune.TUNE)
+
+    @triton.autotune(configs=[triton.Config({"BLOCK": 16}), triton.Config({"BLOCK": 32})], key=["n"])
+    @triton.jit
+    def add_one(x_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) + 1, mask=offs < n)
+
+    # Timing needs a GPU: each config "takes" as long as its block is small (the interpreter cannot time)
+    monkeypatch.setitem(add_one.__dict__, "do_bench", lambda fn, quantiles=None, **kw: [1.0, 1.0, 1.0])
+    x = torch.zeros(100)
+    with autotune.mode(autotune.TUNE):
+        for _ in range(timed_calls):
+            add_one[lambda meta: (triton.cdiv(100, meta["BLOCK"]),)](x, 100)
+    assert Recording.turns == 1
+    assert torch.equal(x, torch.full((100,), float(timed_calls)))
