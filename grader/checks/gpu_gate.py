@@ -198,8 +198,11 @@ class Gate(NoGate):
 
 def _synchronize() -> None:
     torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
-        torch.cuda.synchronize()
+    try:
+        if torch is not None and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+    except Exception as exc:  # a broken context has nothing left to run: the pause holds all the same
+        print(f"gpu gate: synchronizing for a pause failed: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
 _current: NoGate = NO_GATE

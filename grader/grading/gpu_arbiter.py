@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Iterator
+
+SLOW_DRAIN_S = 10.0  # a pause that takes longer is said on stderr (diagnostics)
 
 
 class Client:
@@ -203,7 +206,10 @@ class GpuArbiter:
             for other in others:
                 other.send(b"P")
             for other in others:
-                other.drained.wait()
+                if not other.drained.wait(SLOW_DRAIN_S):
+                    print(f"gpu arbiter: waiting for {other.name} to pause before a turn of "
+                          f"{turn.client.name if turn.client else 'the grader'}", file=sys.stderr, flush=True)
+                    other.drained.wait()
             granted = time.monotonic()
             self.drain_s += granted - started
             self.queue_s += granted - turn.asked

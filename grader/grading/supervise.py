@@ -136,7 +136,7 @@ class _Worker:
                  extra_fields: dict, arbiter: GpuArbiter | None = None):
         self.settings = settings
         self.extra_fields = extra_fields
-        self.gate = arbiter.connect("worker") if arbiter is not None else None
+        self.gate = arbiter.connect(f"the worker of {scratch.name}") if arbiter is not None else None
         gate_fds = self.gate.process_fds if self.gate is not None else ()
         req_r, self._req_w = os.pipe()
         self._rep_r, rep_w = os.pipe()
@@ -175,6 +175,7 @@ class _Worker:
             os.close(req_r)
             os.close(rep_w)
         if self.gate is not None:
+            self.gate.name += f" (pid {self.process.pid})"
             self.gate.started()
         self._replies: queue.Queue = queue.Queue()
         self._writes: queue.Queue = queue.Queue()

@@ -122,7 +122,7 @@ def _run(settings: RunSettings, jobs: list[TimerJob], *, scratch: Path, arbiter:
     replaying anything."""
     scratch.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="timer-", dir=scratch))
-    gate = arbiter.connect("timer") if arbiter is not None else None
+    gate = arbiter.connect(f"the timer of {scratch.name}") if arbiter is not None else None
     try:
         (work / "job.json").write_text(json.dumps({"jobs": [job.to_dict() for job in jobs]}))
         box = settings.sandbox
