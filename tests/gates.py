@@ -20,6 +20,14 @@ class ThreadProcess:
         self.gate = Gate(*self._fds)
 
     def die(self) -> None:
-        for fd in self._fds:
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        """Gone, as a process at its exit: the arbiter forgets it and closes its end (as the grader does when a
+        worker has ended), so the gate's listener reads the end and stops; then our descriptors close. Not before:
+        a listener still blocked in a read would next read from whatever pipe of another gate reuses a closed
+        descriptor's number (a real process takes its descriptors with it). A listener that does not stop (its
+        process is stuck inside ``use()``) keeps them."""
+        self.client.close()
+        self.gate.listener.join(timeout=2)
+        if not self.gate.listener.is_alive():
+            for fd in self._fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)

@@ -83,7 +83,8 @@ class Gate(NoGate):
         first = self._read()
         if first == b"P":
             self._pause_now()  # nothing of ours runs yet: paused at once
-        threading.Thread(target=self._serve, name="gpu-gate", daemon=True).start()
+        self.listener = threading.Thread(target=self._serve, name="gpu-gate", daemon=True)  # ends with the arbiter
+        self.listener.start()
 
     # ------------------------------------------------------------------------------- the process's side
 
