@@ -13,11 +13,11 @@ import sys
 # command -> (module, help); no help: a command the grader runs itself (not listed)
 COMMANDS = {
     "list": ("grader.cli", "list the exercises, their parts and their points"),
-    "grade": ("grader.grading.grade", "grade student submissions (directories, .zip or .ipynb)"),
-    "status": ("grader.grading.status", "where a grading batch stands: done, running, failed, needs regrade"),
-    "grade-task": ("grader.grading.grade_task", None),
-    "verify": ("grader.grading.verify", "grade solutions/ and fail unless every exercise earns full marks"),
-    "release": ("grader.grading.release", "write the student release (no solutions, no hidden material)"),
+    "grade": ("grader.grading.commands.grade", "grade student submissions (directories, .zip or .ipynb)"),
+    "status": ("grader.grading.commands.status", "where a grading batch stands: done, running, failed, needs regrade"),
+    "grade-task": ("grader.grading.commands.grade_task", None),
+    "verify": ("grader.grading.commands.verify", "grade solutions/ and fail unless every exercise earns full marks"),
+    "release": ("grader.release", "write the student release (no solutions, no hidden material)"),
     "calibrate": ("grader.speed.calibrate", "measure the references on this GPU and write its thresholds file"),
     "bench": ("grader.speed.bench", "benchmark an exercise against its baselines (table, optional plot)"),
 }

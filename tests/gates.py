@@ -1,5 +1,5 @@
 """Threads standing in for the processes that share a GPU: each gets a real :class:`~grader.checks.gpu_gate.Gate`
-over real pipes to a real :class:`~grader.grading.gpu_arbiter.GpuArbiter`."""
+over real pipes to a real :class:`~grader.grading.isolation.gpu_arbiter.GpuArbiter`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import contextlib
 import os
 
 from grader.checks.gpu_gate import Gate
-from grader.grading.gpu_arbiter import Client, GpuArbiter
+from grader.grading.isolation.gpu_arbiter import Client, GpuArbiter
 
 
 class ThreadProcess:

@@ -13,14 +13,14 @@ from functools import cache
 import pytest
 
 from grader.checks import runtime
-from grader.grading import isolation
+from grader.grading.isolation import bwrap
 
 REQUIRED = os.environ.get("GRADER_REQUIRE_SANDBOX") == "1"
 
 
 @cache
-def sandbox_check() -> isolation.Check:
-    return isolation.check(runtime.configure().device)
+def sandbox_check() -> bwrap.Check:
+    return bwrap.check(runtime.configure().device)
 
 
 def sandboxed() -> bool:
@@ -38,7 +38,7 @@ def sandbox_args() -> list[str]:
     return [] if sandboxed() else ["--unsandboxed"]
 
 
-def require_sandbox() -> isolation.Sandbox:
+def require_sandbox() -> bwrap.Sandbox:
     """The sandbox; a skip with the reason where there is none (a failure where it is required)."""
     found = sandbox_check()
     if found.sandbox is None:

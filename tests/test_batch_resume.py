@@ -21,8 +21,10 @@ from pathlib import Path
 import pytest
 
 from grader import cli
-from grader.grading import config, markers, reports, resume, store
-from grader.grading import grade as grade_cmd
+from grader.grading import config
+from grader.grading.batch import markers, resume
+from grader.grading.commands import grade as grade_cmd
+from grader.grading.results import reports, store
 
 from . import sandboxing
 
@@ -163,7 +165,7 @@ def test_sigterm_stops_the_batch_cleanly(tmp_path):
 
 
 def _status(out: Path) -> dict:
-    from grader.grading import status
+    from grader.grading.commands import status
 
     return status.collect(out)["students"]
 

@@ -10,7 +10,7 @@ import pytest
 
 from grader import exercises
 from grader.checks import catalog
-from grader.grading import plan
+from grader.grading.exercise_run import plan
 
 ROOT = Path(__file__).resolve().parents[1]
 PARAMS = ("case", "bad", "bench")  # the parametrized arguments of the generated tests: their labels

@@ -16,8 +16,10 @@ from pathlib import Path
 import pytest
 
 from grader import exercises
-from grader.grading import class_report, config, plan, rebuild, store
-from grader.grading.results import (
+from grader.grading import config
+from grader.grading.exercise_run import plan
+from grader.grading.results import class_report, rebuild, store
+from grader.grading.results.results import (
     FAILED,
     GRADED,
     NEEDS_REGRADE,

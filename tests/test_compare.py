@@ -16,8 +16,9 @@ from grader import exercises
 from grader.checks import compare, execute, loader, tensors, verdicts
 from grader.checks.runtime import configure
 from grader.checks.spec import Tolerance
-from grader.grading import config, scoring
-from grader.grading.results import CheckResult, ExerciseResult, PartResult, SpeedResult
+from grader.grading import config
+from grader.grading.results import scoring
+from grader.grading.results.results import CheckResult, ExerciseResult, PartResult, SpeedResult
 
 from . import known_wrong
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from grader.grading import config
-from grader.grading import grade as grade_cmd
+from grader.grading.commands import grade as grade_cmd
 
 from .crash import breaks_forward
 from .sandboxing import sandbox_options

@@ -1,5 +1,5 @@
-"""Sharing a GPU (grader.checks.gpu_gate, grader.grading.gpu_arbiter), on the CPU, with threads standing in for
-the processes: they use the GPU side by side; a turn alone pauses the others once their GPU work is done, never
+"""Sharing a GPU (grader.checks.gpu_gate, grader.grading.isolation.gpu_arbiter), on the CPU, with threads standing
+in for the processes: they use the GPU side by side; a turn alone pauses the others once their GPU work is done, never
 waits for a compilation, and never for a process that is gone; turns come first come, first served; a process
 started during a turn starts paused; the time a process waits is counted (its limits move on by as much); and an
 autotuner timing its configs has the GPU alone once per choice."""
@@ -12,7 +12,7 @@ import time
 import pytest
 
 from grader.checks import gpu_gate
-from grader.grading.gpu_arbiter import GpuArbiter
+from grader.grading.isolation.gpu_arbiter import GpuArbiter
 from tests.gates import ThreadProcess
 
 

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from grader.grading.gpu_arbiter import GpuArbiter
+from grader.grading.isolation.gpu_arbiter import GpuArbiter
 
 PROCESS = textwrap.dedent("""
     import sys, time, torch

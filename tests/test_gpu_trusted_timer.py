@@ -14,9 +14,11 @@ import pytest
 import torch
 
 from grader.checks import loader
-from grader.grading import config, isolation, timer_process
-from grader.grading import grade as grade_cmd
-from grader.grading.results import ExerciseResult
+from grader.grading import config
+from grader.grading.commands import grade as grade_cmd
+from grader.grading.exercise_run import timer_process
+from grader.grading.isolation import bwrap
+from grader.grading.results.results import ExerciseResult
 from grader.speed import calibrate, measure
 from grader.speed.plan import LaunchPlan
 
@@ -27,7 +29,7 @@ CONTROL = "control_2x_slow"
 
 
 def _settings(tmp_path: Path) -> config.RunSettings:
-    check = isolation.check("cuda")
+    check = bwrap.check("cuda")
     return config.RunSettings(device="cuda", secret="", random_cases=0, timeout_s=600.0, call_timeout_s=120.0,
                               memory_mb=None, speed_budget_s=2.0, workdir=tmp_path,
                               sandbox=check.sandbox)
@@ -66,7 +68,7 @@ def test_no_cheat_earns_more_speed_credit_than_its_honest_twin(tmp_path, capsys)
     for fixture in known_wrong.cheats():
         shutil.copytree(known_wrong.tree_or_fail(fixture), tmp_path / fixture.name)
         folders.append(str(tmp_path / fixture.name))
-    unsandboxed = isolation.check("cuda").sandbox is None
+    unsandboxed = bwrap.check("cuda").sandbox is None
     options = config.GradeOptions(exercises=("gelu",), random_cases=0, secret="cheats", unsandboxed=unsandboxed)
     out = tmp_path / "out"
     grade_cmd.grade(folders, out=out, options=options)

@@ -13,8 +13,9 @@ import pytest
 
 from grader import cli
 from grader.checks import verdicts
-from grader.grading import grade as grade_cmd
-from grader.grading import runner, store
+from grader.grading.commands import grade as grade_cmd
+from grader.grading.exercise_run import runner
+from grader.grading.results import store
 
 from .sandboxing import sandbox_args
 

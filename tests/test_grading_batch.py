@@ -15,8 +15,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from grader.grading import config, isolation
-from grader.grading import grade as grade_cmd
+from grader.grading import config
+from grader.grading.commands import grade as grade_cmd
+from grader.grading.isolation import bwrap
 
 from .sandboxing import live_processes_with, sandbox_args, sandbox_options, sandboxed
 
@@ -161,7 +162,7 @@ def test_student_code_cannot_reach_the_solutions_or_the_secret(batch):
     assert str(REPO) + "'" not in path and str(REPO / "solutions") not in path
     cwd = log.split("PROBE cwd:", 1)[1].splitlines()[0].strip()
     assert not cwd.startswith(str(REPO))
-    assert cwd == isolation.SCRATCH if sandboxed() else "/run-" in cwd  # a private scratch folder either way
+    assert cwd == bwrap.SCRATCH if sandboxed() else "/run-" in cwd  # a private scratch folder either way
     env = log.split("PROBE env:", 1)[1].splitlines()[0]
     assert "GRADER_SECRET" not in env and "'HOME'" in env
 
@@ -183,7 +184,7 @@ def test_generated_secret_is_written_for_the_instructor(tmp_path, monkeypatch):
 
 def test_cases_depend_on_the_secret():
     from grader import exercises
-    from grader.grading import plan
+    from grader.grading.exercise_run import plan
 
     exercise = exercises.get("gelu")
 

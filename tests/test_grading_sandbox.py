@@ -14,16 +14,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from grader.grading import channel, sandbox
+from grader.grading.isolation import channel, processes
 
 from .sandboxing import live_processes_with
 
 
-def _run(code: str, tmp_path: Path, **kwargs) -> sandbox.Outcome:
-    options = {"stdin_data": b"", "cwd": str(tmp_path), "env": sandbox.minimal_env({}, str(tmp_path)),
+def _run(code: str, tmp_path: Path, **kwargs) -> processes.Outcome:
+    options = {"stdin_data": b"", "cwd": str(tmp_path), "env": processes.minimal_env({}, str(tmp_path)),
                "timeout_s": 20.0, "rss_limit_bytes": None, "output_cap": 4096}
     options.update(kwargs)
-    return sandbox.run([sys.executable, "-c", code], **options)
+    return processes.run([sys.executable, "-c", code], **options)
 
 
 def _alive(pid: int) -> bool:
@@ -89,7 +89,7 @@ def test_stop_never_waits_for_a_pipe_that_an_escaped_child_keeps(tmp_path):
         out = _run(code, tmp_path)
         elapsed = time.monotonic() - start
         assert out.returncode == 0 and "parent done" in out.stdout.text()
-        assert elapsed < sandbox.WAIT_S + sandbox.DRAIN_S, f"stop() took {elapsed:.1f} s"
+        assert elapsed < processes.WAIT_S + processes.DRAIN_S, f"stop() took {elapsed:.1f} s"
         assert live_processes_with("pipe-keeper-fixture"), "unsandboxed, such a child escapes (the sandbox's job)"
     finally:
         for pid in live_processes_with("pipe-keeper-fixture"):
@@ -120,7 +120,7 @@ def test_resident_memory_limit_kills_the_group(tmp_path):
 def test_minimal_env_keeps_only_what_the_worker_needs(tmp_path, monkeypatch):
     monkeypatch.setenv("GRADER_SECRET", "do-not-leak")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "nope")
-    env = sandbox.minimal_env({"GRADER_DEVICE": "cpu"}, str(tmp_path))
+    env = processes.minimal_env({"GRADER_DEVICE": "cpu"}, str(tmp_path))
     assert "GRADER_SECRET" not in env and "AWS_SECRET_ACCESS_KEY" not in env
     assert env["HOME"] == str(tmp_path) and env["GRADER_DEVICE"] == "cpu"
 
@@ -171,7 +171,7 @@ def test_channel_never_unpickles_arbitrary_objects(tmp_path, capfd):
 
 @pytest.mark.parametrize("value", [None, {"y": "not a tensor"}, [1, 2]])
 def test_malformed_execution_records_are_rejected(value):
-    from grader.grading import protocol
+    from grader.grading.isolation import protocol
 
     data = {"outputs": value, "error_kind": None} if value is not None else None
     with pytest.raises(protocol.ProtocolError):

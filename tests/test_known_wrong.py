@@ -150,7 +150,7 @@ def test_a_part_gets_the_hint_its_errors_support_and_no_other(fixture: KnownWron
     cases) is the one the fixture declares (``hint: part: kind``), and none where it declares none: a hint that
     speaks where the errors do not support it sends a student after the wrong bug."""
     from grader.checks.compare import hint_kind, inputs_contiguous
-    from grader.grading.results import FAILED, GRADED, PASSED, CheckResult, PartResult
+    from grader.grading.results.results import FAILED, GRADED, PASSED, CheckResult, PartResult
 
     exercise = exercises.get(fixture.exercise)
     part = exercise.part(part_name)

@@ -1,6 +1,8 @@
-"""The grader's folders are layers: checks ← exercises ← speed ← (pytest_plugin, grading) ← cli. A module
+"""The grader's folders are layers: checks ← exercises ← speed ← (pytest_plugin, grading, release) ← cli. A module
 imports from its own folder and from folders to its left, never to its right; pytest_plugin and grading
-never import each other (what both need lives lower)."""
+never import each other (what both need lives lower). Inside grading the wings are layers too:
+isolation ← config ← results ← exercise_run ← batch ← commands (config is a module; its type-only imports of
+higher wings do not count)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,8 @@ from pathlib import Path
 import pytest
 
 GRADER = Path(__file__).resolve().parents[1] / "grader"
-LAYER = {"checks": 0, "exercises": 1, "speed": 2, "pytest_plugin": 3, "grading": 3, "cli": 4}
+LAYER = {"checks": 0, "exercises": 1, "speed": 2, "pytest_plugin": 3, "grading": 3, "release": 3, "cli": 4}
+WING = {"isolation": 0, "config": 1, "results": 2, "exercise_run": 3, "batch": 4, "commands": 5}
 
 
 def _folder(module: str) -> str | None:
@@ -20,9 +23,24 @@ def _folder(module: str) -> str | None:
     return parts[1] if parts[1] in LAYER else None
 
 
+def _wing(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == ["grader", "grading"] and parts[2] in WING else None
+
+
+def _type_only(tree: ast.Module) -> set[ast.AST]:
+    """Imports under ``if TYPE_CHECKING:``: annotations, never run."""
+    return {n for node in ast.walk(tree) if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING"
+            for n in ast.walk(node)}
+
+
 def _imports(path: Path) -> list[str]:
     found = []
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    skip = _type_only(tree)
+    for node in ast.walk(tree):
+        if node in skip:
+            continue
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found += [node.module] + [f"{node.module}.{a.name}" for a in node.names]
         elif isinstance(node, ast.Import):
@@ -36,7 +54,7 @@ MODULES = sorted(p for p in GRADER.rglob("*.py"))
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(GRADER)))
 def test_no_import_goes_to_the_right(path):
     rel = path.relative_to(GRADER)
-    mine = "cli" if rel.name == "cli.py" and len(rel.parts) == 1 else rel.parts[0] if len(rel.parts) > 1 else None
+    mine = rel.stem if len(rel.parts) == 1 else rel.parts[0]
     if mine not in LAYER:
         return  # grader/__init__.py
     for module in _imports(path):
@@ -44,3 +62,24 @@ def test_no_import_goes_to_the_right(path):
         if other is None or other == mine:
             continue
         assert LAYER[other] < LAYER[mine], f"{rel} imports {module}: {other} is not to the left of {mine}"
+
+
+GRADING = sorted(p for p in (GRADER / "grading").rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", GRADING, ids=lambda p: str(p.relative_to(GRADER)))
+def test_no_import_goes_to_a_later_wing_of_grading(path):
+    rel = path.relative_to(GRADER / "grading")
+    mine = rel.stem if len(rel.parts) == 1 else rel.parts[0]
+    if mine not in WING:
+        return  # grader/grading/__init__.py
+    for module in _imports(path):
+        other = _wing(module)
+        if other is None or other == mine:
+            continue
+        assert WING[other] < WING[mine], f"grading/{rel} imports {module}: {other} is not before {mine}"
+
+
+def test_every_module_of_grading_is_in_a_wing():
+    loose = [p.name for p in (GRADER / "grading").glob("*.py") if p.stem not in WING and p.name != "__init__.py"]
+    assert not loose, f"modules of grader/grading outside its wings: {loose}"

@@ -13,9 +13,10 @@ import torch
 
 from grader import exercises
 from grader.checks.spec import Case
-from grader.grading import config, store
-from grader.grading import grade as grade_cmd
-from grader.grading.references import CaseReferences, ReferenceStore
+from grader.grading import config
+from grader.grading.commands import grade as grade_cmd
+from grader.grading.exercise_run.references import CaseReferences, ReferenceStore
+from grader.grading.results import store
 
 from .sandboxing import sandbox_options
 

@@ -20,8 +20,8 @@ import nbformat
 import pytest
 
 from grader import cli, exercises
-from grader.grading import release as release_mod
-from grader.grading import submission
+from grader import release as release_mod
+from grader.grading.batch import submission
 
 REPO = Path(__file__).resolve().parent.parent
 BOOT = ("import sys; sys.meta_path[:] = [f for f in sys.meta_path "

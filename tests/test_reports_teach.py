@@ -9,7 +9,7 @@ import json
 import shutil
 
 from grader.grading import config
-from grader.grading import grade as grade_cmd
+from grader.grading.commands import grade as grade_cmd
 
 from . import known_wrong
 from .sandboxing import sandbox_options
@@ -44,7 +44,7 @@ def test_the_report_of_a_wrong_kernel_lists_every_check_and_the_hint(tmp_path):
 
 
 def test_a_checks_reason_is_its_mismatch_line_and_the_common_hint_counts_failing_checks():
-    from grader.grading.results import FAILED, PASSED, CheckResult, PartResult
+    from grader.grading.results.results import FAILED, PASSED, CheckResult, PartResult
 
     message = ("gelu is wrong on\ncase Case(shape=(7,), dtype='float32')\n  x: shape (7,), float32\n"
                "y: 3 of 7 elements differ (atol=1e-05)\n  hint: the errors are small: a slightly wrong formula\n")

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from grader import exercises
-from grader.grading import gpus, scheduler
-from grader.grading.results import GRADED, ExerciseResult
-from grader.grading.scheduler import Scheduler, Task
-from grader.grading.slots import Slot
+from grader.grading.batch import gpus, scheduler
+from grader.grading.batch.scheduler import Scheduler, Task
+from grader.grading.exercise_run.slots import Slot
+from grader.grading.results.results import GRADED, ExerciseResult
 from tests.gates import ThreadProcess
 
 GELU = exercises.get("gelu")
@@ -227,7 +227,8 @@ from solutions_gelu import gelu  # noqa: F401  (not importable: the worker sees 
 
 @pytest.mark.slow
 def test_the_slot_pins_the_worker_and_the_result_names_its_gpu(tmp_path):
-    from grader.grading import config, runner
+    from grader.grading import config
+    from grader.grading.exercise_run import runner
 
     (tmp_path / "sub" / "gelu").mkdir(parents=True)
     (tmp_path / "sub" / "gelu" / "gelu.py").write_text(PRINT_PIN)
@@ -244,8 +245,9 @@ def test_a_worker_waiting_for_the_gpu_is_not_charged_for_it(tmp_path, monkeypatc
     """A real worker connected to its GPU's arbiter (the items run by a CPU worker): while another process has the
     GPU alone for longer than a call may take, the worker waits, and its items still pass — the wait moved its
     limits on (the grader's, and the worker's own watchdog's)."""
-    from grader.grading import config, plan, supervise
-    from grader.grading.gpu_arbiter import GpuArbiter
+    from grader.grading import config
+    from grader.grading.exercise_run import plan, supervise
+    from grader.grading.isolation.gpu_arbiter import GpuArbiter
 
     monkeypatch.setattr(supervise, "GRACE_S", 1.0)
     settings = config.resolve(config.GradeOptions(random_cases=0, timeout_s=120, call_timeout_s=4.0),
@@ -270,9 +272,10 @@ def test_a_worker_waiting_for_the_gpu_is_not_charged_for_it(tmp_path, monkeypatc
 def test_a_batch_on_fake_gpus_moves_the_work_of_a_failed_gpu_and_says_so(tmp_path, monkeypatch):
     """The whole batch (grade() → scheduler → workers → reports) with two fake GPUs on the CPU: the first
     health check after a crash fails, so that GPU leaves the pool and the crashed task runs on the other."""
-    from grader.grading import batch as batch_mod
-    from grader.grading import config, store
-    from grader.grading import grade as grade_cmd
+    from grader.grading import config
+    from grader.grading.batch import pipeline as batch_mod
+    from grader.grading.commands import grade as grade_cmd
+    from grader.grading.results import store
 
     repo = Path(__file__).resolve().parents[1]
     shutil.copytree(repo / "solutions", tmp_path / "alice")

@@ -11,8 +11,9 @@ import shutil
 import pytest
 
 from grader import exercises
-from grader.grading import config, plan
-from grader.grading import grade as grade_cmd
+from grader.grading import config
+from grader.grading.commands import grade as grade_cmd
+from grader.grading.exercise_run import plan
 
 from . import known_wrong
 from .sandboxing import sandbox_options

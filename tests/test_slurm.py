@@ -17,8 +17,11 @@ from pathlib import Path
 import pytest
 
 from grader import cli
-from grader.grading import config, slurm, status, store
-from grader.grading import grade as grade_cmd
+from grader.grading import config
+from grader.grading.batch import slurm
+from grader.grading.commands import grade as grade_cmd
+from grader.grading.commands import status
+from grader.grading.results import store
 
 REPO = Path(__file__).resolve().parents[1]
 START = REPO / "tests" / "slurm" / "start_cluster.sh"
@@ -149,7 +152,7 @@ def test_one_array_longest_first_and_a_merge_job_without_the_secret(tmp_path, mo
     from types import SimpleNamespace
 
     from grader import exercises
-    from grader.grading.scheduler import Task
+    from grader.grading.batch.scheduler import Task
 
     bin_dir, record = tmp_path / "bin", tmp_path / "calls"
     bin_dir.mkdir()

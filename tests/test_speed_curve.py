@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 
 from grader import cli
-from grader.grading import config, plan, protocol
-from grader.grading.judging import ExerciseJudge
+from grader.grading import config
+from grader.grading.exercise_run import plan
+from grader.grading.exercise_run.judging import ExerciseJudge
+from grader.grading.isolation import protocol
 from grader.speed import credit, thresholds
 from grader.speed.thresholds import Curve, Threshold
 

@@ -14,9 +14,10 @@ import torch
 import triton.testing
 
 from grader import exercises
-from grader.grading import plan, protocol
-from grader.grading.judging import ExerciseJudge
-from grader.grading.scoring import score_part
+from grader.grading.exercise_run import plan
+from grader.grading.exercise_run.judging import ExerciseJudge
+from grader.grading.isolation import protocol
+from grader.grading.results.scoring import score_part
 from grader.speed import credit, limits, timing
 from grader.speed.measure import STUDENT, BenchmarkTiming, SpeedMeasurement
 from grader.speed.thresholds import Threshold, Thresholds
@@ -153,7 +154,7 @@ def _judge_speed(measurement, monkeypatch, thresholds) -> tuple[ExerciseJudge, o
 
 
 def _graded_part(state):
-    from grader.grading.results import PartResult
+    from grader.grading.results.results import PartResult
 
     return PartResult(PART.name, "graded", flags=list(state.flags.values()), speed=state.speed)
 

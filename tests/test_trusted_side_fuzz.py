@@ -18,9 +18,9 @@ from grader import exercises
 from grader.checks import compare, tensors
 from grader.checks.execute import Execution
 from grader.checks.spec import Tolerance
-from grader.grading import protocol
-from grader.grading.judging import ExerciseJudge, output_fingerprint
-from grader.grading.plan import Item
+from grader.grading.exercise_run.judging import ExerciseJudge, output_fingerprint
+from grader.grading.exercise_run.plan import Item
+from grader.grading.isolation import protocol
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.int64, torch.bool]
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(

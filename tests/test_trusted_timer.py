@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from grader.grading import protocol, timer_process
 from grader.grading.config import RunSettings
+from grader.grading.exercise_run import timer_process
+from grader.grading.isolation import protocol
 from grader.speed import plan as plan_mod
 from grader.speed import timer, trusted
 from grader.speed.measure import BenchmarkTiming, SpeedMeasurement
@@ -54,8 +55,8 @@ def test_the_timer_imports_nothing_that_imports_student_code():
     lines = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
     modules = dict(line.split(" ", 1) for line in lines)
     assert "grader.speed.timer" in modules and "grader.speed.replay" in modules
-    for forbidden in ("grader.checks.loader", "grader.grading.worker", "grader.speed.recorder", "grader.grading",
-                      "grader.pytest_plugin"):
+    for forbidden in ("grader.checks.loader", "grader.grading.isolation.worker", "grader.speed.recorder",
+                      "grader.grading", "grader.pytest_plugin"):
         assert forbidden not in modules, f"the timer imports {forbidden}"
     repo = Path(__file__).resolve().parents[1]
     students = [str(repo / folder) for folder in ("assignments", "solutions", "tests")]
@@ -64,7 +65,7 @@ def test_the_timer_imports_nothing_that_imports_student_code():
 
 def test_the_timers_sandbox_shows_it_no_submission(tmp_path, monkeypatch):
     """The timer's bubblewrap command binds the grader package and its own scratch, nothing of the student's."""
-    from grader.grading import isolation
+    from grader.grading.isolation import bwrap
 
     seen = {}
 
@@ -79,10 +80,10 @@ def test_the_timers_sandbox_shows_it_no_submission(tmp_path, monkeypatch):
             "GPU", [BenchmarkTiming("fp32-4096x8192")], plans={"fp32-4096x8192": toy_plan()}), budget_s=1.0,
             scratch=tmp_path / "scratch")
     binds = {b.dest: b.source for b in seen["binds"]}
-    assert set(binds) == {isolation.PACKAGE, isolation.SCRATCH, isolation.TRITON_CACHE}
-    assert isolation.SUBMISSION not in binds
+    assert set(binds) == {bwrap.PACKAGE, bwrap.SCRATCH, bwrap.TRITON_CACHE}
+    assert bwrap.SUBMISSION not in binds
     # its Triton cache is the batch's timer cache, in the grader's workspace: never a student's
-    assert binds[isolation.TRITON_CACHE] == str(settings.workdir / timer_process.TIMER_CACHE)
+    assert binds[bwrap.TRITON_CACHE] == str(settings.workdir / timer_process.TIMER_CACHE)
     assert "grader.speed.timer" in " ".join(seen["argv"])
 
 
@@ -104,7 +105,7 @@ def test_the_timer_has_the_gpu_alone_only_for_its_timed_rounds(tmp_path, monkeyp
     """The timer is connected to the GPU's arbiter and asks for the GPU alone around the timed rounds: a stand-in
     timer speaks the gate's protocol (told it may use the GPU, asks, is granted, gives it back) and the arbiter
     counts one turn."""
-    from grader.grading.gpu_arbiter import GpuArbiter
+    from grader.grading.isolation.gpu_arbiter import GpuArbiter
 
     arbiter = GpuArbiter()
     row = BenchmarkTiming("fp32-4096x8192", times={}).to_dict()
@@ -250,8 +251,8 @@ def test_every_cheat_is_a_right_gelu_where_nothing_is_timed(tmp_path):
     import json
 
     from grader.grading import config
-    from grader.grading import grade as grade_cmd
-    from grader.grading.results import PASSED, ExerciseResult
+    from grader.grading.commands import grade as grade_cmd
+    from grader.grading.results.results import PASSED, ExerciseResult
     from tests import known_wrong
 
     folders = []

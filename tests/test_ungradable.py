@@ -9,8 +9,8 @@ import shutil
 from pathlib import Path
 
 from grader import cli
-from grader.grading import grade as grade_cmd
-from grader.grading import status as status_mod
+from grader.grading.commands import grade as grade_cmd
+from grader.grading.commands import status as status_mod
 
 from .sandboxing import sandbox_args
 

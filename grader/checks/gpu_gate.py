@@ -1,5 +1,5 @@
 """Sharing one GPU between the grader's processes: the side of a process that runs kernels on it (a student's
-worker, the trusted timer). The grader's side is :mod:`grader.grading.gpu_arbiter`.
+worker, the trusted timer). The grader's side is :mod:`grader.grading.isolation.gpu_arbiter`.
 
 Many processes use a GPU at once: compiling, running correctness cases, validating replays. Timing needs it
 alone. A process holds a :class:`Gate` (two pipes to the arbiter of its GPU) and marks what it does:

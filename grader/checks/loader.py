@@ -19,7 +19,7 @@ from types import ModuleType
 
 from grader.checks.spec import Exercise
 
-# Where each notebook cell starts in a module made from a notebook (grader.grading.submission writes them)
+# Where each notebook cell starts in a module made from a notebook (grader.grading.batch.submission writes them)
 _CELL_MARKER = re.compile(r"^# --- notebook cell (\d+) ---$")
 
 

@@ -14,12 +14,14 @@ import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from grader.checks.spec import Exercise
-from grader.grading.isolation import Sandbox
-from grader.grading.references import ReferenceStore
 from grader.speed.thresholds import Curve, ThresholdsError, curve_for, curves_from_table
+
+if TYPE_CHECKING:  # types only: the settings sit below every wing of grader.grading, which all read them
+    from grader.grading.exercise_run.references import ReferenceStore
+    from grader.grading.isolation.bwrap import Sandbox
 
 COURSE_FILE = Path(__file__).with_name("course.toml")
 CORRECTNESS_MODES = ("fraction", "all-or-nothing")

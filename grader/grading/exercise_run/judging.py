@@ -1,9 +1,9 @@
 """Judge an exercise's replies in the grader's process, which never imports student code: the verdicts of
 :mod:`grader.checks.verdicts` on the inputs the grader built, replay detection, extra checks and speed
-credit, assembled into :class:`~grader.grading.results.PartResult` s.
+credit, assembled into :class:`~grader.grading.results.results.PartResult` s.
 
 A fault of the grader itself — any exception while judging, comparing, detecting replays or computing
-credit — is recorded as a :class:`~grader.grading.results.GraderError` with its traceback for that check:
+credit — is recorded as a :class:`~grader.grading.results.results.GraderError` with its traceback for that check:
 the check is "grader error", its part "needs regrade" (neither 0 nor passed), and the student is never
 charged for it.
 
@@ -25,10 +25,11 @@ import torch
 from grader.checks import compare, integrity, tensors, verdicts
 from grader.checks.execute import Execution
 from grader.checks.spec import Case, Exercise, Inputs, Part
-from grader.grading import protocol
-from grader.grading.plan import Item
-from grader.grading.references import CaseReferences
-from grader.grading.results import (
+from grader.grading.exercise_run.plan import Item
+from grader.grading.exercise_run.references import CaseReferences
+from grader.grading.exercise_run.supervise import Run
+from grader.grading.isolation import protocol
+from grader.grading.results.results import (
     ERROR,
     FAILED,
     GRADED,
@@ -43,7 +44,6 @@ from grader.grading.results import (
     PartResult,
     SpeedResult,
 )
-from grader.grading.supervise import Run
 from grader.speed import credit, thresholds, trusted
 
 GRADER_FAULT = ("the grader failed while judging this check — a fault of the grader, not of your code; "

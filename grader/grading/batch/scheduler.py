@@ -1,4 +1,4 @@
-"""Run a batch's tasks — one (student, exercise) each — on local slots (:mod:`grader.grading.slots`): CPU
+"""Run a batch's tasks — one (student, exercise) each — on local slots (:mod:`grader.grading.exercise_run.slots`): CPU
 worker places, or GPUs.
 
 * Longest work first (each task carries an estimate), so the batch ends evenly.
@@ -24,10 +24,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from grader.checks.spec import Exercise
-from grader.grading.judging import GRADER_FAULT, grader_error
-from grader.grading.results import ERROR, NEEDS_REGRADE, ExerciseResult, GraderError, PartResult, SpeedResult
-from grader.grading.slots import Slot
-from grader.grading.submission import Submission
+from grader.grading.batch.submission import Submission
+from grader.grading.exercise_run.judging import GRADER_FAULT, grader_error
+from grader.grading.exercise_run.slots import Slot
+from grader.grading.results.results import ERROR, NEEDS_REGRADE, ExerciseResult, GraderError, PartResult, SpeedResult
 
 ITEM_S = 1.0  # rough cost of one correctness item (worker round trip, reference) for the estimate
 BENCHMARK_S = 5.0  # compiling and warming up one benchmark, on top of the timing budget

@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 from grader.grading import config
-from grader.grading.grade import UsageError, add_common, exit_status, grade, options_from_args
+from grader.grading.commands.grade import UsageError, add_common, exit_status, grade, options_from_args
 
 
 def default_solutions() -> Path:

@@ -1,8 +1,8 @@
 """``grader grade-task OUT --tasks FILE --index I`` and ``grader grade-task OUT --merge N``: what the jobs
-of a Slurm batch run (:mod:`grader.grading.slurm` writes their scripts; not meant to be typed).
+of a Slurm batch run (:mod:`grader.grading.batch.slurm` writes their scripts; not meant to be typed).
 
 An array task grades one submission's unfinished exercises with the same code as a local batch
-(:mod:`grader.grading.batch`): the settings from ``run.json``, the secret from the folder's mode-600 file,
+(:mod:`grader.grading.batch.pipeline`): the settings from ``run.json``, the secret from the folder's mode-600 file,
 this node's GPUs (those Slurm gave the task) or CPUs as slots.
 """
 
@@ -15,8 +15,11 @@ import sys
 import time
 from pathlib import Path
 
-from grader.grading import batch as batch_mod
-from grader.grading import config, grade, rebuild, resume, slurm, store
+from grader.grading import config
+from grader.grading.batch import pipeline as batch_mod
+from grader.grading.batch import resume, slurm
+from grader.grading.commands import grade
+from grader.grading.results import rebuild, store
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,6 +1,6 @@
-"""Grade one exercise of one implementation tree: plan the checks (:mod:`~grader.grading.plan`), run them in
-sandboxed workers (:mod:`~grader.grading.supervise`) and judge the replies as they come
-(:mod:`~grader.grading.judging`). This is the grader's side: it never imports student code.
+"""Grade one exercise of one implementation tree: plan the checks (:mod:`.plan`), run them in sandboxed workers
+(:mod:`.supervise`) and judge the replies as they come (:mod:`.judging`). This is the grader's side: it never
+imports student code.
 
 Nothing the submission does makes :func:`grade_exercise` raise; a fault of the grader itself makes the
 exercise "needs regrade", with the traceback kept for staff.
@@ -16,11 +16,12 @@ from pathlib import Path
 
 from grader.checks import loader
 from grader.checks.spec import Exercise
-from grader.grading import plan as plan_mod
-from grader.grading import references, supervise, timer_process
 from grader.grading.config import RunSettings
-from grader.grading.judging import GRADER_FAULT, ExerciseJudge, grader_error
-from grader.grading.results import (
+from grader.grading.exercise_run import plan as plan_mod
+from grader.grading.exercise_run import references, supervise, timer_process
+from grader.grading.exercise_run.judging import GRADER_FAULT, ExerciseJudge, grader_error
+from grader.grading.exercise_run.slots import Slot
+from grader.grading.results.results import (
     ERROR,
     GRADED,
     NEEDS_REGRADE,
@@ -30,7 +31,6 @@ from grader.grading.results import (
     PartResult,
     SpeedResult,
 )
-from grader.grading.slots import Slot
 from grader.speed import credit
 
 
@@ -120,7 +120,7 @@ def _groups(items: list, settings: RunSettings) -> list[list]:
 
 
 def _time_speed(exercise, settings: RunSettings, to_time: list, *, scratch: Path, arbiter) -> None:
-    """The speed items' recorded launches, timed by the trusted timer (:mod:`grader.grading.timer_process`);
+    """The speed items' recorded launches, timed by the trusted timer (:mod:`.timer_process`);
     a failure of the grader's side leaves the part's ``timer_fault`` (its speed waits for a regrade)."""
     parts = [timer_process.PartTiming(item.part.name, reply.measurement, item.budget_s) for item, _, reply in to_time]
     try:

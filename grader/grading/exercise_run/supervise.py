@@ -1,11 +1,11 @@
 """Run a planned exercise in sandboxed workers, one item at a time.
 
-The grader starts a worker (:mod:`grader.grading.worker`) in a sandbox (:mod:`grader.grading.isolation`; in
-its own process group only, where the instructor opted out of the sandbox) with two pipes of its own, sends
-the job, then one request per item and waits for the reply, within a limit per call (the ``call_timeout_s``,
-plus the timing budget for speed) and for the whole exercise (``timeout_s``). While the worker runs an item,
-the grader judges the previous reply (``on_reply``) and builds the next item's inputs, so its CPU work
-overlaps the worker's.
+The grader starts a worker (:mod:`grader.grading.isolation.worker`) in a sandbox
+(:mod:`grader.grading.isolation.bwrap`; in its own process group only, where the instructor opted out of the
+sandbox) with two pipes of its own, sends the job, then one request per item and waits for the reply, within
+a limit per call (the ``call_timeout_s``, plus the timing budget for speed) and for the whole exercise
+(``timeout_s``). While the worker runs an item, the grader judges the previous reply (``on_reply``) and builds
+the next item's inputs, so its CPU work overlaps the worker's.
 
 A worker that crashes, overruns a limit or sends something that is not a message is stopped (with every
 process it started), the item it was running fails with the reason, and a new worker goes on with the items not
@@ -14,7 +14,7 @@ that item keeps its own result and a fresh worker runs the rest. A part that cra
 ``max_restarts`` workers runs no more items; the other parts go on. A crash while importing the module, a
 malformed message and the exercise's time limit end the run.
 
-On a GPU every worker is connected to the GPU's arbiter (:mod:`grader.grading.gpu_arbiter`): the workers share
+On a GPU every worker is connected to the GPU's arbiter (:mod:`grader.grading.isolation.gpu_arbiter`): the workers share
 the GPU, and one that autotunes asks for it alone, as the trusted timer does for its timed rounds; a worker paused
 meanwhile goes on compiling, and the time it waits for the GPU is added to its limits. A speed item compiles its
 benchmarks' kernels first (``WarmUp``), then autotunes and records them (``RunSpeed``). A worker that
@@ -36,11 +36,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from grader.checks.spec import Exercise
-from grader.grading import channel, isolation, protocol, sandbox
 from grader.grading.config import RunSettings
-from grader.grading.gpu_arbiter import GpuArbiter
-from grader.grading.plan import Item
-from grader.grading.references import CaseReferences
+from grader.grading.exercise_run.plan import Item
+from grader.grading.exercise_run.references import CaseReferences
+from grader.grading.isolation import bwrap, channel, processes, protocol
+from grader.grading.isolation.gpu_arbiter import GpuArbiter
 
 MB = 1 << 20
 GRACE_S = 10.0  # beyond a call's limit: moving its inputs and outputs, and the worker's own watchdog
@@ -58,7 +58,7 @@ def boot(module: str) -> str:
             f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)")
 
 
-_BOOT = boot("grader.grading.worker")
+_BOOT = boot("grader.grading.isolation.worker")
 
 
 @dataclass
@@ -102,7 +102,7 @@ class WorkerStartError(RuntimeError):
 def worker_view(settings: RunSettings, root: Path) -> tuple[str, str]:
     """Where the worker sees the implementation tree ``root`` and the grader package."""
     if settings.sandbox is not None:
-        return isolation.SUBMISSION, isolation.PACKAGE
+        return bwrap.SUBMISSION, bwrap.PACKAGE
     return str(root), str(package_link(settings.workdir) / "grader")
 
 
@@ -122,7 +122,7 @@ def package_link(workdir: Path) -> Path:
 class _Ended(Exception):
     """The worker is gone (crashed, stopped, or sent garbage); ``why`` says how."""
 
-    def __init__(self, why: str, outcome: sandbox.Outcome | None = None, *, broken_context: bool = False):
+    def __init__(self, why: str, outcome: processes.Outcome | None = None, *, broken_context: bool = False):
         super().__init__(why)
         self.why = why
         self.outcome = outcome
@@ -142,31 +142,31 @@ class _Worker:
         self._rep_r, rep_w = os.pipe()
         cwd = Path(tempfile.mkdtemp(prefix="run-", dir=scratch))
         box = settings.sandbox
-        home = isolation.SCRATCH if box is not None else str(cwd)
-        env = sandbox.minimal_env({"GRADER_DEVICE": settings.device, **settings.env}, home=home)
+        home = bwrap.SCRATCH if box is not None else str(cwd)
+        env = processes.minimal_env({"GRADER_DEVICE": settings.device, **settings.env}, home=home)
         if cache_dir is not None:  # compiled kernels are shared by one submission's workers, never across students
             cache_dir.mkdir(parents=True, exist_ok=True)
-            env["TRITON_CACHE_DIR"] = isolation.TRITON_CACHE if box is not None else str(cache_dir)
+            env["TRITON_CACHE_DIR"] = bwrap.TRITON_CACHE if box is not None else str(cache_dir)
         if settings.device == "cpu":
             env["TRITON_INTERPRET"] = "1"
-        lib = isolation.LIB if box is not None else str(package_link(settings.workdir))
+        lib = bwrap.LIB if box is not None else str(package_link(settings.workdir))
         argv = [sys.executable, "-I", "-u", "-c", _BOOT, lib,
                 "--requests-fd", str(req_r), "--fd", str(rep_w), "--file-mb", str(settings.result_cap_mb)]
-        if settings.memory_mb and settings.device != "cuda":  # CUDA needs a huge address space: see sandbox.py
+        if settings.memory_mb and settings.device != "cuda":  # CUDA needs a huge address space: see processes.py
             argv += ["--memory-mb", str(settings.memory_mb)]
         if gate_fds:
             argv += ["--gate", ",".join(map(str, gate_fds))]
         if box is not None:
             import grader
 
-            binds = isolation.worker_binds(submission=root, package=Path(grader.__file__).resolve().parent,
-                                           scratch=cwd, triton_cache=cache_dir)
+            binds = bwrap.worker_binds(submission=root, package=Path(grader.__file__).resolve().parent,
+                                       scratch=cwd, triton_cache=cache_dir)
             argv, env = box.command(argv, binds=binds, env=env, cwd=home), {}
         rss = settings.memory_mb * MB if settings.memory_mb else None
         try:
-            self.process = sandbox.Process(argv, cwd=str(cwd), env=env, rss_limit_bytes=rss,
-                                           output_cap=settings.output_cap, pass_fds=(req_r, rep_w, *gate_fds),
-                                           pid_namespace=box is not None)
+            self.process = processes.Process(argv, cwd=str(cwd), env=env, rss_limit_bytes=rss,
+                                             output_cap=settings.output_cap, pass_fds=(req_r, rep_w, *gate_fds),
+                                             pid_namespace=box is not None)
         except BaseException:
             if self.gate is not None:
                 self.gate.close()
@@ -181,7 +181,7 @@ class _Worker:
         self._writes: queue.Queue = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
         threading.Thread(target=self._write, daemon=True).start()
-        self.outcome: sandbox.Outcome | None = None
+        self.outcome: processes.Outcome | None = None
 
     def _read(self) -> None:
         with os.fdopen(self._rep_r, "rb", buffering=0) as stream:
@@ -241,7 +241,7 @@ class _Worker:
             raise _Ended(_why_ended(outcome, self.settings), outcome)
         return reply
 
-    def stop(self, *, timed_out: bool = False) -> sandbox.Outcome:
+    def stop(self, *, timed_out: bool = False) -> processes.Outcome:
         if self.outcome is None:
             self._writes.put(None)
             self.outcome = self.process.stop(timed_out=timed_out)
@@ -249,14 +249,14 @@ class _Worker:
                 self.gate.close()
         return self.outcome
 
-    def finish(self) -> sandbox.Outcome:
+    def finish(self) -> processes.Outcome:
         self.process.kill_leftovers()  # while the worker waits: in a sandbox, bwrap waits for every process in it
         self.send(protocol.Finish())
         self.process.wait(10.0)
         return self.stop()
 
 
-def _why_ended(outcome: sandbox.Outcome, settings: RunSettings) -> str:
+def _why_ended(outcome: processes.Outcome, settings: RunSettings) -> str:
     if outcome.returncode == 1 and "Timeout (" in outcome.stderr.text():  # the worker's own watchdog
         return f"took longer than the {settings.call_timeout_s:g} s allowed for one call (stopped)"
     if outcome.timed_out:
@@ -268,7 +268,7 @@ def _why_ended(outcome: sandbox.Outcome, settings: RunSettings) -> str:
     return f"exited early (exit code {outcome.returncode})"
 
 
-def _stderr_tail(outcome: sandbox.Outcome, grader_dir: str) -> str:
+def _stderr_tail(outcome: processes.Outcome, grader_dir: str) -> str:
     """The end of the worker's stderr without the grader's own frames (a faulthandler dump keeps the
     student's frames and the "Fatal Python error" line)."""
     lines = [line for line in outcome.stderr.text().rstrip().splitlines()
@@ -276,7 +276,7 @@ def _stderr_tail(outcome: sandbox.Outcome, grader_dir: str) -> str:
     return "\n".join(lines[-STDERR_TAIL_LINES:])
 
 
-def _log_text(outcome: sandbox.Outcome, attempt: int) -> str:
+def _log_text(outcome: processes.Outcome, attempt: int) -> str:
     head = f"--- worker run {attempt + 1}: {outcome.elapsed_s:.1f} s"
     if outcome.leftover_killed:
         head += f"; killed {outcome.leftover_killed} process(es) it left running"

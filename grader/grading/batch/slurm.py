@@ -2,7 +2,7 @@
 
 * One array task per submission: it grades that student's unfinished exercises one after another
   (``grader grade-task OUT --tasks FILE --index $SLURM_ARRAY_TASK_ID``, the same code as a local batch:
-  :func:`grader.grading.grade.run_array_task`), committing each exercise as it is judged. A class of a
+  :func:`grader.grading.commands.grade_task.run_array_task`), committing each exercise as it is judged. A class of a
   few hundred stays far below Slurm's ``MaxArraySize`` (1001 by default; students × exercises would not),
   one allocation and one Triton cache serve all of a student's exercises, and a pre-empted or requeued
   task loses at most the exercise it was running. Tasks are ordered longest work first.
@@ -35,9 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grader.grading import store
+from grader.grading.batch.scheduler import Task
 from grader.grading.config import SlurmSettings
-from grader.grading.scheduler import Task
+from grader.grading.results import store
 
 JOBS_FILE = "jobs.json"
 POLL_S = 2.0
@@ -99,7 +99,7 @@ def batch_jobs(out: Path) -> list[dict[str, Any]]:
 
 
 def _script(path: Path, command: list[str], what: str, tail: str = "") -> None:
-    text = (f"#!/bin/bash\n# {what} (written by grader/grading/slurm.py)\n"
+    text = (f"#!/bin/bash\n# {what} (written by grader/grading/batch/slurm.py)\n"
             f"exec {' '.join(shlex.quote(c) for c in command)}{tail}\n")
     store.write_atomic(path, text, mode=0o755)
 

@@ -3,7 +3,7 @@ minimal environment, a wall-clock limit, a memory limit and capped output captur
 
 What this gives, and what it does not:
 
-* Lifetime. A process started in a sandbox (:mod:`grader.grading.isolation`, ``pid_namespace=True``) runs in
+* Lifetime. A process started in a sandbox (:mod:`grader.grading.isolation.bwrap`, ``pid_namespace=True``) runs in
   a PID namespace of its own: killing it (bwrap) ends the namespace, and every process in it, however it
   detached (``setsid``, a dropped environment, a double fork). Without a sandbox the process and its children
   share a new process group (``start_new_session``) that is killed after every run, and a child that leaves
@@ -32,7 +32,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from grader.grading import reaper
+from grader.grading.isolation import reaper
 
 POLL_S = 0.1
 WAIT_S = 10.0  # for a killed process to be reaped (it only takes longer in uninterruptible sleep)

@@ -7,7 +7,7 @@ folder that holds a batch resumes it — only if all of that is unchanged; other
 each difference and says how to start fresh. Nothing is ever silently mixed.
 
 A task is done when its result is committed (``state/<exercise>.json``) and needs no regrade; everything
-else — never started, died (a stale marker: :mod:`grader.grading.markers`), or needing a regrade — is left.
+else — never started, died (a stale marker: :mod:`grader.grading.batch.markers`), or needing a regrade — is left.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from grader.grading import store
-from grader.grading.submission import Submission
+from grader.grading.batch.submission import Submission
+from grader.grading.results import store
 
 SCORE_SETTINGS = ("random_cases", "timeout_s", "call_timeout_s", "memory_mb")
 START_FRESH = ("to grade everything again in this folder, add --fresh (it discards the folder's results); "

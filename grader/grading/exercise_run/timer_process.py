@@ -2,13 +2,13 @@
 
 The worker recorded a :class:`~grader.speed.plan.LaunchPlan` per benchmark of each speed-graded part and has
 ended (with every process it started) before the timer starts: nothing of the student's runs beside it. One
-timer times every part of the exercise. It runs in a sandbox of its own (:mod:`grader.grading.isolation`) that
+timer times every part of the exercise. It runs in a sandbox of its own (:mod:`grader.grading.isolation.bwrap`) that
 shows it the grader package, a fresh scratch folder and the batch's timer cache (:data:`TIMER_CACHE`), never the
 submission, the student's Triton cache or the output folder; it gets its jobs as a file in that scratch and leaves
 a result per part there.
 
 It shares the GPU while it starts, loads the kernels and validates the replays, and has it alone for each
-benchmark's timed rounds (it is connected to the GPU's arbiter, :mod:`grader.grading.gpu_arbiter`, like a
+benchmark's timed rounds (it is connected to the GPU's arbiter, :mod:`grader.grading.isolation.gpu_arbiter`, like a
 worker). Its time is bounded by the parts' timing budgets plus :data:`SETUP_S`, not counting the time it waits
 for the GPU; a timer that
 overruns it is killed with its kernels, and the benchmark it was replaying fails (a hung kernel is the
@@ -26,9 +26,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from grader.grading import isolation, sandbox, supervise
 from grader.grading.config import RunSettings
-from grader.grading.gpu_arbiter import GpuArbiter
+from grader.grading.exercise_run import supervise
+from grader.grading.isolation import bwrap, processes
+from grader.grading.isolation.gpu_arbiter import GpuArbiter
 from grader.speed.measure import BenchmarkTiming, SpeedMeasurement
 from grader.speed.plan import LaunchPlan
 from grader.speed.timer import PROGRESS, TimerJob, TimerResult, job_result
@@ -126,24 +127,24 @@ def _run(settings: RunSettings, jobs: list[TimerJob], *, scratch: Path, arbiter:
     try:
         (work / "job.json").write_text(json.dumps({"jobs": [job.to_dict() for job in jobs]}))
         box = settings.sandbox
-        inside = isolation.SCRATCH if box is not None else str(work)
-        env = sandbox.minimal_env({"GRADER_DEVICE": settings.device, **settings.env}, home=inside)
+        inside = bwrap.SCRATCH if box is not None else str(work)
+        env = processes.minimal_env({"GRADER_DEVICE": settings.device, **settings.env}, home=inside)
         cache = settings.workdir / TIMER_CACHE  # Triton's launchers, built once for every timer of the batch
         cache.mkdir(parents=True, exist_ok=True)
-        env["TRITON_CACHE_DIR"] = isolation.TRITON_CACHE if box is not None else str(cache)
+        env["TRITON_CACHE_DIR"] = bwrap.TRITON_CACHE if box is not None else str(cache)
         gate_fds = gate.process_fds if gate is not None else ()
         argv = [sys.executable, "-I", "-u", "-c", _BOOT, _lib(settings, work), f"{inside}/job.json",
                 f"{inside}/result.json"] + (["--gate", ",".join(map(str, gate_fds))] if gate_fds else [])
         if box is not None:
             import grader
 
-            binds = [isolation.Bind(str(Path(grader.__file__).resolve().parent), isolation.PACKAGE),
-                     isolation.Bind(str(work), isolation.SCRATCH, "rw"),
-                     isolation.Bind(str(cache), isolation.TRITON_CACHE, "rw")]
+            binds = [bwrap.Bind(str(Path(grader.__file__).resolve().parent), bwrap.PACKAGE),
+                     bwrap.Bind(str(work), bwrap.SCRATCH, "rw"),
+                     bwrap.Bind(str(cache), bwrap.TRITON_CACHE, "rw")]
             argv, env = box.command(argv, binds=binds, env=env, cwd=inside), {}
         try:
-            process = sandbox.Process(argv, cwd=str(work), env=env, rss_limit_bytes=None, output_cap=OUTPUT_CAP,
-                                      pid_namespace=box is not None, pass_fds=gate_fds)
+            process = processes.Process(argv, cwd=str(work), env=env, rss_limit_bytes=None, output_cap=OUTPUT_CAP,
+                                        pid_namespace=box is not None, pass_fds=gate_fds)
         finally:
             if gate is not None:
                 gate.started()
@@ -160,7 +161,7 @@ def _run(settings: RunSettings, jobs: list[TimerJob], *, scratch: Path, arbiter:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _results(jobs: list[TimerJob], work: Path, outcome: sandbox.Outcome, limit: float
+def _results(jobs: list[TimerJob], work: Path, outcome: processes.Outcome, limit: float
              ) -> list[TimerResult | TimerFault | None]:
     results: list[TimerResult | TimerFault | None] = []
     for index in range(len(jobs)):
@@ -197,4 +198,4 @@ def _results(jobs: list[TimerJob], work: Path, outcome: sandbox.Outcome, limit: 
 
 def _lib(settings: RunSettings, work: Path) -> str:
     """Where the timer finds the grader package: the sandbox's bind, or a folder holding only a link to it."""
-    return isolation.LIB if settings.sandbox is not None else str(supervise.package_link(work))
+    return bwrap.LIB if settings.sandbox is not None else str(supervise.package_link(work))

@@ -1,14 +1,14 @@
-"""The machinery of a grading batch (:mod:`grader.grading.grade` drives it; a Slurm array task runs it too).
+"""The machinery of a grading batch (:mod:`grader.grading.commands.grade` drives it; a Slurm array task runs it too).
 
 A batch is a list of tasks, one per (student, exercise). This module prepares the submissions, checks that
-the output folder holds this batch or none (:mod:`grader.grading.resume`) and that nobody else is grading it,
+the output folder holds this batch or none (:mod:`grader.grading.batch.resume`) and that nobody else is grading it,
 records the batch (``run.json``, each submission's record), lists the tasks left to grade, runs them on this
-machine's slots (:mod:`grader.grading.scheduler`) committing each result as it comes
-(:mod:`grader.grading.recorder`), and rebuilds the gradebook and the class report from the folder
-(:mod:`grader.grading.rebuild`).
+machine's slots (:mod:`grader.grading.batch.scheduler`) committing each result as it comes
+(:mod:`grader.grading.batch.recorder`), and rebuilds the gradebook and the class report from the folder
+(:mod:`grader.grading.results.rebuild`).
 
 Its :class:`Workspace` holds the scratch directory and the batch's token; its reaper
-(:mod:`grader.grading.reaper`) kills the workers and removes the directory however the process ends, and
+(:mod:`grader.grading.isolation.reaper`) kills the workers and removes the directory however the process ends, and
 SIGTERM stops the batch like Ctrl-C.
 """
 
@@ -25,27 +25,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from grader.checks.spec import Exercise
-from grader.grading import (
-    config,
-    gpus,
-    isolation,
-    markers,
-    reaper,
-    rebuild,
-    references,
-    reports,
-    resume,
-    runner,
-    sandbox,
-    slurm,
-    store,
-    submission,
-)
-from grader.grading.progress import Progress
-from grader.grading.recorder import Recorder
-from grader.grading.results import ERROR, UNREADABLE, ExerciseResult
-from grader.grading.scheduler import Scheduler, Task, estimate, static_estimate
-from grader.grading.slots import Slot
+from grader.grading import config
+from grader.grading.batch import gpus, markers, resume, slurm, submission
+from grader.grading.batch.progress import Progress
+from grader.grading.batch.recorder import Recorder
+from grader.grading.batch.scheduler import Scheduler, Task, estimate, static_estimate
+from grader.grading.exercise_run import references, runner
+from grader.grading.exercise_run.slots import Slot
+from grader.grading.isolation import bwrap, processes, reaper
+from grader.grading.results import rebuild, reports, store
+from grader.grading.results.results import ERROR, UNREADABLE, ExerciseResult
 
 
 class UsageError(Exception):
@@ -124,7 +113,7 @@ class Workspace:
     def __exit__(self, *exc_info) -> None:
         if self._previous is not None:
             signal.signal(signal.SIGTERM, self._previous)
-        sandbox.kill_active()
+        processes.kill_active()
         self.reaper.close()
         if self.keep:
             print(f"scratch directory kept: {self.dir}", file=sys.stderr)
@@ -159,7 +148,7 @@ def resolve_secret(options: config.GradeOptions, out: Path) -> tuple[str, str, b
 
 
 def choose_sandbox(options: config.GradeOptions, out: Path, workdir: Path, *,
-                   local: bool = True) -> tuple[isolation.Sandbox | None, str]:
+                   local: bool = True) -> tuple[bwrap.Sandbox | None, str]:
     """The sandbox the workers run in and how the reports say so. Where none can be built, grading is refused
     (UsageError) unless the instructor opted out with --unsandboxed. Not ``local`` (a Slurm batch submitted from
     here): each task checks on the node it runs on."""
@@ -171,8 +160,8 @@ def choose_sandbox(options: config.GradeOptions, out: Path, workdir: Path, *,
         return None, note
     if not local:
         return None, "in a bubblewrap sandbox on the nodes that ran it"
-    protected = [p for p in (out, workdir, isolation.repository_root()) if p is not None]
-    found = isolation.check(runtime.configure().device, protected=protected)
+    protected = [p for p in (out, workdir, bwrap.repository_root()) if p is not None]
+    found = bwrap.check(runtime.configure().device, protected=protected)
     if found.sandbox is None:
         raise UsageError(f"no sandbox for student code can be built here: {found.problem}. Fix that, or pass "
                          "--unsandboxed to grade without one (said in run.json and in every report)")
@@ -181,7 +170,7 @@ def choose_sandbox(options: config.GradeOptions, out: Path, workdir: Path, *,
 
 def make_context(out: Path, options: config.GradeOptions, *, secret: str, work: Workspace,
                  device: str | None = None,
-                 sandbox: tuple[isolation.Sandbox | None, str] = (None, "")) -> Context:
+                 sandbox: tuple[bwrap.Sandbox | None, str] = (None, "")) -> Context:
     """``device``: where the tasks grade, when not here (a Slurm batch submitted from a login node);
     ``sandbox``: from :func:`choose_sandbox`."""
     from grader import exercises as registry
@@ -387,7 +376,7 @@ def run_local(ctx: Context, tasks: list[Task], work: Workspace, options: config.
         outcome = scheduler.run(tasks)
     except KeyboardInterrupt:
         scheduler.stop()  # first: nothing a killed worker returns is recorded
-        sandbox.kill_active()
+        processes.kill_active()
         raise
     finally:
         progress.stop()

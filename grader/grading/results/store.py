@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from grader.grading.results import ExerciseResult
+from grader.grading.results.results import ExerciseResult
 
 RUN_FILE, SECRET_FILE, GRADEBOOK = "run.json", "secret.txt", "grades.csv"
 CLASS_REPORT_HTML, CLASS_REPORT_CSV = "class-report.html", "class-report.csv"

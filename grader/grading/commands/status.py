@@ -1,5 +1,5 @@
 """``grader status OUT``: where a batch stands, per student and exercise, from what the folder holds
-(:mod:`grader.grading.store`) and, for a Slurm batch, which of its jobs ``squeue`` still lists:
+(:mod:`grader.grading.results.store`) and, for a Slurm batch, which of its jobs ``squeue`` still lists:
 
 * **done** — a result is committed (with its score);
 * **needs regrade** — committed, but the grader failed on some part (``grader grade --regrade-errors OUT``);
@@ -22,8 +22,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from grader.grading import markers, slurm, store
-from grader.grading.results import ungradable
+from grader.grading.batch import markers, slurm
+from grader.grading.results import store
+from grader.grading.results.results import ungradable
 
 STATES = ("done", "needs regrade", "running", "failed", "queued", "missing")
 

@@ -3,7 +3,7 @@ a pipe of their own (never stdout, which belongs to the student's prints).
 
 Records are read back with ``torch.load(weights_only=True)``: only tensors and plain containers (dict,
 list, str, numbers) are accepted, so nothing the worker sends can make the grader import or run code.
-What the records mean is :mod:`grader.grading.protocol`'s business.
+What the records mean is :mod:`grader.grading.isolation.protocol`'s business.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from typing import Any
 from grader.checks.compare import plural
 from grader.checks.spec import Exercise, Part
 from grader.grading.config import Course
-from grader.grading.results import GRADED, NEEDS_REGRADE, PASSED, ExerciseResult, PartResult, SpeedResult
+from grader.grading.results.results import GRADED, NEEDS_REGRADE, PASSED, ExerciseResult, PartResult, SpeedResult
 
 LINE_PASSED, LINE_FAILED, LINE_REGRADE = "passed", "failed", "needs regrade"
 SPEED_NEEDS_GPU = "speed is measured on a GPU only (here the kernels ran in the Triton interpreter)"

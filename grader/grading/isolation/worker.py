@@ -1,6 +1,6 @@
-"""The student-side process: ``python -m grader.grading.worker --requests-fd R --fd W`` (started by the
+"""The student-side process: ``python -m grader.grading.isolation.worker --requests-fd R --fd W`` (started by the
 grader, not by hand). It imports one exercise module of one submission, then runs one request at a time
-and writes what it observed (:mod:`grader.grading.protocol`). It judges nothing: the verdicts are computed
+and writes what it observed (:mod:`grader.grading.isolation.protocol`). It judges nothing: the verdicts are computed
 in the grader, which never imports student code.
 
 A request that runs longer than the job's ``call_timeout_s`` (plus the budget, for speed) makes
@@ -74,7 +74,7 @@ def _run(request, exercise, modules: dict, device: str):
     """One request's reply. Exceptions of the student's code are results (check.execute records them);
     NotImplementedError from a call that must raise or an extra check means "not written yet"."""
     from grader.checks import execute, specialization
-    from grader.grading import protocol as p
+    from grader.grading.isolation import protocol as p
     from grader.speed import autotune, measure
 
     part = exercise.part(request.part)
@@ -143,8 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     os.dup2(devnull, 0)
     faulthandler.enable(file=sys.stderr)  # a segfault prints the Python stack to the captured stderr
 
-    from grader.grading import protocol as p
-    from grader.grading.channel import read_record, write_record
+    from grader.grading.isolation import protocol as p
+    from grader.grading.isolation.channel import read_record, write_record
 
     requests = os.fdopen(args.requests_fd, "rb", buffering=0)
 

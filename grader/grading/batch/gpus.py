@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from grader.grading.slots import Slot
+from grader.grading.exercise_run.slots import Slot
 
 PROBE_TIMEOUT_S = 60.0
 

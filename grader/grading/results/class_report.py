@@ -26,9 +26,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from grader.checks.spec import Exercise
-from grader.grading.reports import StudentReport
-from grader.grading.results import FAILED, ExerciseResult
-from grader.grading.scoring import LINE_REGRADE
+from grader.grading.results.reports import StudentReport
+from grader.grading.results.results import FAILED, ExerciseResult
+from grader.grading.results.scoring import LINE_REGRADE
 
 TOP_CHECKS = 20
 BINS = 10

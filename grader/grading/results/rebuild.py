@@ -9,8 +9,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from grader.checks.spec import Exercise
-from grader.grading import class_report, reports, scoring, store
 from grader.grading.config import Course
+from grader.grading.results import class_report, reports, scoring, store
 
 
 def student_report(out: Path, student: str, *, course: Course, all_exercises: tuple[Exercise, ...],

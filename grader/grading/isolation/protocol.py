@@ -1,5 +1,5 @@
 """The messages between the grader and its sandboxed worker, as typed records, and the one place where
-they are converted to and from the plain data that travels (:mod:`grader.grading.channel`).
+they are converted to and from the plain data that travels (:mod:`grader.grading.isolation.channel`).
 
 The grader sends a :class:`Job`, then one request at a time, and reads one reply per request::
 

@@ -1,4 +1,4 @@
-"""Reports of a grading run (where they go: :mod:`grader.grading.store`):
+"""Reports of a grading run (where they go: :mod:`grader.grading.results.store`):
 
 * ``report.md`` and ``report.html`` per student (self-contained: inline CSS, inline SVG plot): per
   exercise the score, the smallest failing check with its error, integrity flags, and the speed table
@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from grader.grading import store
-from grader.grading.results import ExerciseResult, ungradable
-from grader.grading.scoring import LINE_REGRADE, ExerciseScore, round_points
+from grader.grading.results import store
+from grader.grading.results.results import ExerciseResult, ungradable
+from grader.grading.results.scoring import LINE_REGRADE, ExerciseScore, round_points
 from grader.speed import roofline
 
 

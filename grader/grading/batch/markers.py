@@ -1,4 +1,4 @@
-"""A task's "running" marker (``OUT/staff/running/<id>/<exercise>.json``, :mod:`grader.grading.store`):
+"""A task's "running" marker (``OUT/staff/running/<id>/<exercise>.json``, :mod:`grader.grading.results.store`):
 written when the task starts, touched every :data:`HEARTBEAT_S` while it runs, removed once its result is
 committed. It says who runs the task: host, boot, pid and the pid's start time, the Slurm job, the batch.
 

@@ -1,6 +1,6 @@
 """Where an exercise run happens: a :class:`Slot` is one CPU worker place or one GPU, with the environment
-that pins a worker to it and, for a GPU, the :class:`~grader.grading.gpu_arbiter.GpuArbiter` its processes share it
-through (several exercise runs at once; a timed measurement or an autotuner has it alone).
+that pins a worker to it and, for a GPU, the :class:`~grader.grading.isolation.gpu_arbiter.GpuArbiter` its
+processes share it through (several exercise runs at once; a timed measurement or an autotuner has it alone).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from grader.grading.gpu_arbiter import GpuArbiter
+from grader.grading.isolation.gpu_arbiter import GpuArbiter
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Commit each task's result the moment it is judged.
 
-When a task starts, its "running" marker is written (:mod:`grader.grading.markers`). When its result comes,
+When a task starts, its "running" marker is written (:mod:`grader.grading.batch.markers`). When its result comes,
 the result is saved atomically (``state/<exercise>.json``: from then on the task is done), then the
 student's reports and — for a local batch — the gradebook are rewritten, and the marker is removed.
 
@@ -17,13 +17,14 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from grader.checks.spec import Exercise
-from grader.grading import markers, rebuild, reports, scoring, store
+from grader.grading.batch import markers
+from grader.grading.batch.progress import Progress
+from grader.grading.batch.scheduler import GpuFailure, Task
 from grader.grading.config import Course
-from grader.grading.judging import GRADER_FAULT, grader_error
-from grader.grading.progress import Progress
-from grader.grading.results import NEEDS_REGRADE, ExerciseResult
-from grader.grading.scheduler import GpuFailure, Task
-from grader.grading.slots import Slot
+from grader.grading.exercise_run.judging import GRADER_FAULT, grader_error
+from grader.grading.exercise_run.slots import Slot
+from grader.grading.results import rebuild, reports, scoring, store
+from grader.grading.results.results import NEEDS_REGRADE, ExerciseResult
 
 
 class Recorder:

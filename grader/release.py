@@ -5,7 +5,8 @@ The release holds
 * ``assignments/`` — handouts, stubs and test files;
 * ``grader/`` — the public part of the grader that ``pytest assignments/`` needs (specs, checks, pytest
   plugin, speed tests and their thresholds, ``grader list`` and ``grader bench``), without the
-  instructor grader (``grader/grading/``) and ``grader/speed/calibrate.py`` (it times ``solutions/``);
+  instructor grader (``grader/grading/``), this module and ``grader/speed/calibrate.py`` (it times
+  ``solutions/``);
 * ``pyproject.toml`` (``pytest`` with no argument runs ``assignments/``), ``scripts/bootstrap.sh`` and
   ``.ci/constraints.txt`` (the install), and a student ``README.md``;
 * with ``--notebooks``: ``notebooks/<exercise>.ipynb`` — the handout as markdown, the stub as a code
@@ -39,7 +40,8 @@ from pathlib import Path
 import grader
 
 REPO = Path(grader.__file__).resolve().parent.parent
-STAFF_ONLY = ("grader/grading", "grader/speed/calibrate.py")  # instructor tooling, not needed by students
+# Instructor tooling, not needed by students.
+STAFF_ONLY = ("grader/grading", "grader/release.py", "grader/speed/calibrate.py")
 _SKIP_NAMES = {"__pycache__", ".pytest_cache", ".hypothesis", ".benchmarks", ".ipynb_checkpoints"}
 MIN_AUDIT_LINE = 24  # shorter lines (imports, "return y") are not evidence of a leak
 

@@ -1,23 +1,23 @@
 """``grader grade SUBMISSION... [--out DIR] [options]``, ``grader grade --regrade-errors OUT``, and the same
 batch through Slurm (``--slurm``).
 
-A batch is a list of tasks, one per (student, exercise) (:mod:`grader.grading.batch`):
+A batch is a list of tasks, one per (student, exercise) (:mod:`grader.grading.batch.pipeline`):
 
 1. build the task list from the prepared submissions and the selected exercises;
 2. skip what the output folder already holds — a batch grading into a folder that holds one resumes it,
    provided it is the same batch (same secret, course configuration, settings and submission files:
-   :mod:`grader.grading.resume` names what differs and refuses);
-3. run the tasks on local slots (:mod:`grader.grading.scheduler`: CPU workers, or one worker per GPU with
-   ``--gpus``), or as one Slurm job array (:mod:`grader.grading.slurm`) whose tasks grade exactly as a local
-   batch does (:mod:`grader.grading.grade_task`);
-4. commit each result atomically the moment it is judged (:mod:`grader.grading.recorder`);
-5. rebuild the gradebook and the class report from the folder (:mod:`grader.grading.rebuild`).
+   :mod:`grader.grading.batch.resume` names what differs and refuses);
+3. run the tasks on local slots (:mod:`grader.grading.batch.scheduler`: CPU workers, or one worker per GPU with
+   ``--gpus``), or as one Slurm job array (:mod:`grader.grading.batch.slurm`) whose tasks grade exactly as a local
+   batch does (:mod:`grader.grading.commands.grade_task`);
+4. commit each result atomically the moment it is judged (:mod:`grader.grading.batch.recorder`);
+5. rebuild the gradebook and the class report from the folder (:mod:`grader.grading.results.rebuild`).
 
 The secret that seeds the hidden cases comes from ``--secret``, else ``$GRADER_SECRET``, else the folder's
 ``secret.txt``, else a fresh random one written there (mode 600; keep it, never give it to students).
 
 A batch stopped by Ctrl-C or SIGTERM kills its workers and records nothing they return; a SIGKILLed one
-is cleaned up by its reaper (:mod:`grader.grading.reaper`). Either way, running the same command again
+is cleaned up by its reaper (:mod:`grader.grading.isolation.reaper`). Either way, running the same command again
 grades what is left. A fault of the grader itself makes the part it touched "needs regrade" (never a 0);
 the command then exits with status 3, and ``grader grade --regrade-errors OUT`` runs those parts again.
 Exit statuses: 0 all graded; 2 a usage error; 3 parts need a regrade; 4 runs were left ungraded (run the same
@@ -33,10 +33,12 @@ import sys
 import time
 from pathlib import Path
 
-from grader.grading import batch as batch_mod
-from grader.grading import config, gpus, rebuild, resume, slurm, store, submission
-from grader.grading.batch import Batch, Terminated, UsageError
-from grader.grading.scheduler import Task
+from grader.grading import config
+from grader.grading.batch import gpus, resume, slurm, submission
+from grader.grading.batch import pipeline as batch_mod
+from grader.grading.batch.pipeline import Batch, Terminated, UsageError
+from grader.grading.batch.scheduler import Task
+from grader.grading.results import rebuild, store
 
 DEFAULT_OUT = "grading-out"
 EXIT_NEEDS_REGRADE = 3
