@@ -1,4 +1,4 @@
-"""A deterministic :class:`grader.speed.timing.Clock` for the timing engine's tests."""
+"""A deterministic :class:`grader.speed.clocks.Clock` for the timing engine's tests."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ from grader.grading.exercise_run import plan
 from grader.grading.exercise_run.judging import ExerciseJudge
 from grader.grading.isolation import protocol
 from grader.grading.results.scoring import score_part
-from grader.speed import credit, limits, timing
+from grader.speed import clocks, credit, limits, stats, tamper, timing
 from grader.speed.measure import STUDENT, BenchmarkTiming, SpeedMeasurement
 from grader.speed.thresholds import Threshold, Thresholds
 from tests.fake_clock import FakeClock
@@ -29,8 +29,8 @@ PART = GELU.parts[0]
 FP32 = PART.benchmarks[0]  # fp32-4096x8192: 256 MiB moved, ~0.09 ms at 3 TB/s
 
 
-def _stats(ms: float) -> timing.Stats:
-    return timing.Stats(20, ms, ms, 0.0, ms, ms, ms, ms)
+def _stats(ms: float) -> stats.Stats:
+    return stats.Stats(20, ms, ms, 0.0, ms, ms, ms, ms)
 
 
 def _measurement(student_ms: float, baseline_ms: float, *, tampered=(), gpu=H100) -> SpeedMeasurement:
@@ -55,7 +55,7 @@ def test_the_gpu_is_held_longer_than_each_candidate_takes_to_launch():
         return fn
 
     candidates = [timing.Candidate("slow_launch", candidate(2.0)), timing.Candidate("quick", candidate(0.1))]
-    result = timing.measure(candidates, [{"x": torch.zeros(3)}], clock=clock, rule=timing.StopRule(min_rounds=3),
+    result = timing.measure(candidates, [{"x": torch.zeros(3)}], clock=clock, rule=stats.StopRule(min_rounds=3),
                             warmup_ms=0, graph_below_ms=None)
     timed_holds = clock.holds[-2 * result.rounds:]
     assert sorted(set(timed_holds)) == pytest.approx([0.1 * timing.HOLD_FACTOR + timing.HOLD_MIN_MS,
@@ -71,33 +71,33 @@ def test_a_call_that_takes_longer_to_launch_than_any_hold_is_noted():
         return inputs["x"]
 
     result = timing.measure([timing.Candidate("syncs", slow)], [{"x": torch.zeros(3)}], clock=clock,
-                            rule=timing.StopRule(min_rounds=3), warmup_ms=0, graph_below_ms=None)
+                            rule=stats.StopRule(min_rounds=3), warmup_ms=0, graph_below_ms=None)
     assert any("its time includes the gaps while it launches" in n for n in result.notes)
 
 
 @pytest.fixture
 def captured():
-    timing.capture_primitives()
+    tamper.capture_primitives()
     yield
-    timing._CAPTURED.clear()
+    tamper._CAPTURED.clear()
 
 
 def test_replaced_timing_primitives_are_named(captured, monkeypatch):
-    assert timing.tampered() == []
+    assert tamper.tampered() == []
     monkeypatch.setattr(time, "perf_counter", lambda: 0.0)
     monkeypatch.setattr(torch.cuda.Event, "elapsed_time", lambda self, end: 1e-6)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     monkeypatch.setattr(triton.testing, "do_bench", lambda *a, **k: 1e-6)
-    assert set(timing.tampered()) >= {"time.perf_counter", "torch.cuda.Event.elapsed_time",
+    assert set(tamper.tampered()) >= {"time.perf_counter", "torch.cuda.Event.elapsed_time",
                                       "torch.cuda.synchronize", "triton.testing.do_bench"}
     monkeypatch.undo()
-    assert timing.tampered() == []
+    assert tamper.tampered() == []
 
 
 def test_rewritten_code_of_the_graders_own_timing_is_named(captured, monkeypatch):
-    monkeypatch.setattr(timing.summarize, "__code__", (lambda samples: None).__code__)
-    monkeypatch.setattr(timing.CudaClock.elapsed_ms, "__code__", (lambda self, a, b: 1e-6).__code__)
-    assert {"grader.speed.timing.summarize", "grader.speed.timing.CudaClock.elapsed_ms"} <= set(timing.tampered())
+    monkeypatch.setattr(stats.summarize, "__code__", (lambda samples: None).__code__)
+    monkeypatch.setattr(clocks.CudaClock.elapsed_ms, "__code__", (lambda self, a, b: 1e-6).__code__)
+    assert {"grader.speed.stats.summarize", "grader.speed.clocks.CudaClock.elapsed_ms"} <= set(tamper.tampered())
 
 
 def test_the_timer_patching_fixture_is_caught_at_import(captured):
@@ -106,7 +106,7 @@ def test_the_timer_patching_fixture_is_caught_at_import(captured):
     try:
         spec = importlib.util.spec_from_file_location("_timer_patch_fixture", path)
         spec.loader.exec_module(importlib.util.module_from_spec(spec))
-        assert set(timing.tampered()) >= {"time.perf_counter", "torch.cuda.Event.elapsed_time",
+        assert set(tamper.tampered()) >= {"time.perf_counter", "torch.cuda.Event.elapsed_time",
                                           "torch.cuda.synchronize", "triton.testing.do_bench"}
     finally:
         (torch.cuda.Event.elapsed_time, torch.cuda.synchronize, triton.testing.do_bench, time.perf_counter) = saved

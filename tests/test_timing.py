@@ -9,40 +9,40 @@ import pytest
 import torch
 
 from grader.checks import tensors
-from grader.speed import calibrate, timing
+from grader.speed import calibrate, stats, timing
 from grader.speed.timing import Candidate, StopRule
 from tests.fake_clock import FakeClock
 
 
 def test_summarize_known_samples():
-    s = timing.summarize([4.0, 1.0, 100.0, 3.0, 2.0])
+    s = stats.summarize([4.0, 1.0, 100.0, 3.0, 2.0])
     assert (s.n, s.median, s.min, s.max, s.q1, s.q3) == (5, 3.0, 1.0, 100.0, 2.0, 4.0)
     assert s.mean == pytest.approx(22.0)
     assert s.robust_cv == pytest.approx(2.0 / 1.349 / 3.0)  # the outlier does not move it
     assert s.cv > 1.0  # ... but it moves the plain coefficient of variation
     assert s.rel_se == pytest.approx(math.sqrt(math.pi / 2) * s.robust_cv / math.sqrt(5))
-    assert timing.Stats.from_dict(s.to_dict()) == s
+    assert stats.Stats.from_dict(s.to_dict()) == s
 
 
 def test_quantile_interpolates_and_rejects_bad_input():
-    assert timing.quantile([0.0, 10.0], 0.25) == 2.5
+    assert stats.quantile([0.0, 10.0], 0.25) == 2.5
     with pytest.raises(ValueError, match="no samples"):
-        timing.quantile([], 0.5)
+        stats.quantile([], 0.5)
     with pytest.raises(ValueError, match="outside"):
-        timing.quantile([1.0], 1.5)
+        stats.quantile([1.0], 1.5)
     with pytest.raises(ValueError, match="no samples"):
-        timing.summarize([])
+        stats.summarize([])
 
 
 def test_single_sample_has_unknown_precision():
-    assert timing.summarize([2.0]).rel_se == math.inf
-    assert timing.cv([5.0]) == 0.0
-    assert timing.cv([1.0, 3.0]) == pytest.approx(math.sqrt(2) / 2)
+    assert stats.summarize([2.0]).rel_se == math.inf
+    assert stats.cv([5.0]) == 0.0
+    assert stats.cv([1.0, 3.0]) == pytest.approx(math.sqrt(2) / 2)
 
 
 def test_rel_se_shrinks_with_more_samples():
-    few = timing.summarize([1.0, 1.1, 0.9, 1.05, 0.95] * 2)
-    many = timing.summarize([1.0, 1.1, 0.9, 1.05, 0.95] * 20)
+    few = stats.summarize([1.0, 1.1, 0.9, 1.05, 0.95] * 2)
+    many = stats.summarize([1.0, 1.1, 0.9, 1.05, 0.95] * 20)
     assert many.rel_se < few.rel_se / 3
 
 

@@ -24,7 +24,7 @@ import pytest
 
 from grader.checks import verdicts
 from grader.checks.spec import Benchmark, Exercise, Part
-from grader.speed import credit, measure, thresholds, timing, trusted
+from grader.speed import credit, measure, probes, thresholds, trusted
 
 BUDGET_S = 2.0  # seconds of interleaved timing per benchmark (it usually converges sooner)
 
@@ -83,7 +83,7 @@ def speed_test(exercise: Exercise, part: Part):
                 pytest.fail(f"after the timed runs, on fresh inputs (secret seed {seed}): {verdict.message}",
                             pytrace=False)
 
-        roofline = timing.roofline([bench.case.get("dtype")] if bench.flops else [])
+        roofline = probes.roofline([bench.case.get("dtype")] if bench.flops else [])
         curve = thresholds.curve_for(grader_session.curves, exercise.name, part.name)
         threshold, source = credit.resolve_threshold(part, bench.label, limits, curve)
         result = credit.benchmark_credit(row, bench.label, credit.benchmark_work(part, bench), threshold, source,

@@ -35,7 +35,7 @@ from typing import Any
 from grader import exercises
 from grader.checks import loader, runtime
 from grader.checks.spec import Benchmark, Exercise, Part
-from grader.speed import credit, measure, roofline, thresholds, timing, trusted
+from grader.speed import credit, measure, probes, roofline, stats, thresholds, trusted
 
 YOURS = "yours"
 IN_PROCESS = "yours (in-process)"  # --in-process: the student's call itself, timed beside its replay
@@ -108,7 +108,7 @@ def combine_rounds(rows: list[measure.BenchmarkTiming]) -> measure.BenchmarkTimi
         return next((r for r in rows if r.error), rows[0])
     names = [n for n in rows[0].times if all(n in r.times for r in rows)]
     return measure.BenchmarkTiming(
-        rows[0].label, {n: timing.summarize([r.median(n) for r in rows]) for n in names}, rows[0].mode,
+        rows[0].label, {n: stats.summarize([r.median(n) for r in rows]) for n in names}, rows[0].mode,
         f"{len(rows)} rounds", sum(r.rounds for r in rows), [note for r in rows for note in r.notes])
 
 
@@ -128,7 +128,7 @@ def measure_part_table(exercise: Exercise, part: Part, module, *, baselines: lis
     dtypes = [b.case.get("dtype") for b in benchmarks if b.flops and b.case.get("dtype")]
     result: dict[str, Any] = {
         "exercise": exercise.name, "part": part.name, "gpu": torch.cuda.get_device_name(),
-        "roofline": timing.roofline(dtypes), "baseline": part.speed_baseline, "rows": [], "rounds_ms": {},
+        "roofline": probes.roofline(dtypes), "baseline": part.speed_baseline, "rows": [], "rounds_ms": {},
     }
     for bench in benchmarks:
         measured = []
@@ -172,16 +172,16 @@ def table_rows(result: dict[str, Any], part: Part, limits: thresholds.Thresholds
         if base:
             threshold, source = credit.resolve_threshold(part, row.label, limits, curve)
             scored = credit.benchmark_credit(row, row.label, work, threshold, source, roof)
-        for name, stats in row.times.items():
+        for name, timed in row.times.items():
             # a copy does none of the math: its rate in TFLOP/s would mean nothing
             flops = None if name == "copy" else work.flops
-            numbers = credit.roofline_numbers(work.bytes, flops, stats.median, work.dtype, roof)
+            numbers = credit.roofline_numbers(work.bytes, flops, timed.median, work.dtype, roof)
             mine = name == measure.STUDENT
             out.append({
-                "label": row.label, "impl": YOURS if mine else name, "ms": stats.median,
-                "spread": stats.robust_cv, "mode": row.mode,
-                "vs_baseline": base_ms / stats.median if base_ms else None,
-                "yours_faster": None if mine or not yours_ms else stats.median / yours_ms, **numbers,
+                "label": row.label, "impl": YOURS if mine else name, "ms": timed.median,
+                "spread": timed.robust_cv, "mode": row.mode,
+                "vs_baseline": base_ms / timed.median if base_ms else None,
+                "yours_faster": None if mine or not yours_ms else timed.median / yours_ms, **numbers,
                 "credit": scored if mine else None,
             })
     return out

@@ -29,7 +29,7 @@ from typing import Any
 from grader import exercises
 from grader.checks import loader, runtime, verdicts
 from grader.checks.spec import Exercise, Part
-from grader.speed import measure, timing, trusted
+from grader.speed import measure, probes, stats, trusted
 from grader.speed import thresholds as th
 
 # Holding the GPU busy before each timed call (grader.speed.timing) keeps the ratio's spread over repeats
@@ -68,7 +68,7 @@ def threshold_from_runs(baseline: str, runs: Sequence[Run], *, full_margin: floa
         raise ValueError(f"need 0 < partial margin < full margin <= 1, got {partial_margin}, {full_margin}")
     ratios = [r.ratio for r in runs]
     ratio = statistics.median(ratios)
-    spread = timing.cv(ratios)
+    spread = stats.cv(ratios)
     return th.Threshold(
         baseline=baseline,
         reference_ms=statistics.median(r.reference_ms for r in runs),
@@ -114,7 +114,7 @@ def calibrate(
     if not parts:
         raise SystemExit("grader calibrate: no speed-graded parts (benchmarks and speed_points > 0) to calibrate")
     dtypes = sorted({b.case.get("dtype") for _, p in parts for b in p.benchmarks if b.flops and b.case.get("dtype")})
-    roof = timing.roofline(dtypes)
+    roof = probes.roofline(dtypes)
     log(f"roofline: copy {roof['copy_gbps']:.0f} GB/s; matmul "
         + ", ".join(f"{d} {v:.0f} TFLOP/s" for d, v in roof["matmul_tflops"].items()))
     entries: dict[th.Key, th.Threshold] = {}

@@ -29,8 +29,9 @@ from grader.checks import tensors
 from grader.checks.cases import mixed_seed
 from grader.checks.execute import Execution, device_inputs, execute, student_traceback, type_summary
 from grader.checks.spec import Benchmark, Case, Inputs, Part
-from grader.speed import timing
+from grader.speed import clocks, tamper, timing
 from grader.speed.plan import LaunchPlan
+from grader.speed.stats import Stats, StopRule
 
 CPU_REASON = "speed tests need a CUDA GPU: kernels are running in the Triton interpreter"
 STUDENT = "student"  # the student's candidate in measurements
@@ -41,7 +42,7 @@ class BenchmarkTiming:
     """One benchmark as measured: every candidate's time statistics (ms), or why there are none."""
 
     label: str
-    times: dict[str, timing.Stats] = field(default_factory=dict)  # candidate -> statistics
+    times: dict[str, Stats] = field(default_factory=dict)  # candidate -> statistics
     mode: str = ""  # "events" or "graph"
     stop: str = ""  # why the rounds stopped
     rounds: int = 0
@@ -64,7 +65,7 @@ class BenchmarkTiming:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> BenchmarkTiming:
         data = dict(data)
-        data["times"] = {name: timing.Stats.from_dict(stats) for name, stats in data.get("times", {}).items()}
+        data["times"] = {name: Stats.from_dict(stats) for name, stats in data.get("times", {}).items()}
         return cls(**data)
 
 
@@ -169,8 +170,8 @@ def measure_benchmark(
     device: str,
     budget_s: float = 2.0,
     baselines: list[str] | None = None,
-    clock: timing.Clock | None = None,
-    rule: timing.StopRule | None = None,
+    clock: clocks.Clock | None = None,
+    rule: StopRule | None = None,
     sets: int = 2,
     warmup_ms: float = 25.0,
     graph_below_ms: float | None = 0.02,
@@ -196,8 +197,8 @@ def measure_benchmark(
     try:
         result = timing.measure(
             candidates, sources,
-            clock=clock or timing.CudaClock(),
-            rule=rule or timing.StopRule(budget_s=budget_s),
+            clock=clock or clocks.CudaClock(),
+            rule=rule or StopRule(budget_s=budget_s),
             warmup_ms=warmup_ms,
             graph_below_ms=graph_below_ms,
         )
@@ -296,4 +297,4 @@ def record_part(part: Part, module: ModuleType, *, recheck_inputs: Inputs | None
             measurement.recheck = execute(part, module, recheck_inputs, "cuda")
         return measurement
     finally:
-        measurement.tampered = timing.tampered()
+        measurement.tampered = tamper.tampered()

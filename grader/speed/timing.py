@@ -28,332 +28,27 @@ for a fixed time. Ratios need the candidates interleaved round by round (clock a
 then move all of them together), grading needs fresh inputs and re-checked outputs, and a budget
 needs adaptive stopping. Its building blocks are reused: the L2 flush is Triton's benchmark buffer
 (``driver.get_empty_cache_for_benchmark`` / ``clear_cache``), ``do_bench`` itself measures the
-roofline (:func:`roofline`), and graph capture disables the garbage collector as
+roofline (:mod:`grader.speed.probes`), and graph capture disables the garbage collector as
 ``triton.testing.cuda_graph_without_gc`` does.
 
-Everything device-specific sits behind :class:`Clock`; the tests' ``FakeClock`` (tests/fake_clock.py) is a
-deterministic stand-in that exercises the statistics, the stopping rule and the interleaving on a CPU.
+Everything device-specific sits behind :class:`~grader.speed.clocks.Clock`; the tests' ``FakeClock``
+(tests/fake_clock.py) is a deterministic stand-in that exercises the statistics (:mod:`grader.speed.stats`), the
+stopping rule and the interleaving on a CPU.
 
 The grader never times in the process that imported the student's module: its trusted timer replays the
-student's recorded kernels (:mod:`grader.speed.trusted`). In the student's worker, :func:`capture_primitives`
-still records, before any student module is imported, every callable that timing goes through (CUDA events,
-synchronization, ``time.perf_counter``, ``do_bench``, this module's own functions, the statistics), and
-:func:`tampered` names whatever was replaced or rewritten since: the grader turns a non-empty answer into the
-integrity flag ``timer-tampering``, and checks every time against the GPU's physical limits in its own process
-(:mod:`grader.speed.limits`).
+student's recorded kernels (:mod:`grader.speed.trusted`); in the student's worker, :mod:`grader.speed.tamper` says
+whether anything timing goes through was replaced.
 """
 
 from __future__ import annotations
 
-import builtins
-import gc
-import math
 import statistics
-import sys
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cache
-from typing import Any, Protocol
+from typing import Any
 
-# Normal-theory constants: IQR = 1.349 σ, and the standard error of a median is √(π/2)·σ/√n.
-_IQR_PER_SIGMA = 1.349
-_MEDIAN_SE = math.sqrt(math.pi / 2)
-
-
-# --------------------------------------------------------------------------------------------
-# Statistics
-# --------------------------------------------------------------------------------------------
-
-
-def quantile(samples: Sequence[float], q: float) -> float:
-    """Linear-interpolation quantile (numpy's default, and ``triton.testing``'s)."""
-    if not samples:
-        raise ValueError("quantile of no samples")
-    if not 0.0 <= q <= 1.0:
-        raise ValueError(f"quantile {q} is outside [0, 1]")
-    data = sorted(samples)
-    point = q * (len(data) - 1)
-    lo, hi = math.floor(point), math.ceil(point)
-    return data[lo] + (data[hi] - data[lo]) * (point - lo)
-
-
-@dataclass(frozen=True)
-class Stats:
-    """Summary of one candidate's timings, in milliseconds."""
-
-    n: int
-    median: float
-    mean: float
-    stdev: float
-    min: float
-    max: float
-    q1: float
-    q3: float
-
-    @property
-    def iqr(self) -> float:
-        return self.q3 - self.q1
-
-    @property
-    def cv(self) -> float:
-        """Coefficient of variation (stdev / mean): the spread of single runs."""
-        return self.stdev / self.mean if self.mean > 0 else 0.0
-
-    @property
-    def robust_cv(self) -> float:
-        """The spread of single runs from the IQR (outliers do not move it)."""
-        return self.iqr / _IQR_PER_SIGMA / self.median if self.median > 0 else 0.0
-
-    @property
-    def rel_se(self) -> float:
-        """Relative standard error of the median: how well the median itself is known."""
-        if self.n < 2:
-            return math.inf
-        return _MEDIAN_SE * self.robust_cv / math.sqrt(self.n)
-
-    def to_dict(self) -> dict[str, float]:
-        return {
-            "n": self.n, "median": self.median, "mean": self.mean, "stdev": self.stdev,
-            "min": self.min, "max": self.max, "q1": self.q1, "q3": self.q3,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, float]) -> Stats:
-        return cls(int(data["n"]), *(float(data[k]) for k in ("median", "mean", "stdev", "min", "max", "q1", "q3")))
-
-
-def summarize(samples: Sequence[float]) -> Stats:
-    if not samples:
-        raise ValueError("no samples to summarize")
-    data = sorted(float(s) for s in samples)
-    return Stats(
-        n=len(data),
-        median=statistics.median(data),
-        mean=statistics.fmean(data),
-        stdev=statistics.stdev(data) if len(data) > 1 else 0.0,
-        min=data[0],
-        max=data[-1],
-        q1=quantile(data, 0.25),
-        q3=quantile(data, 0.75),
-    )
-
-
-def cv(values: Sequence[float]) -> float:
-    """Coefficient of variation of a few values (e.g. one ratio measured in several runs)."""
-    if len(values) < 2:
-        return 0.0
-    mean = statistics.fmean(values)
-    return statistics.stdev(values) / mean if mean else 0.0
-
-
-@dataclass(frozen=True)
-class StopRule:
-    """When to stop adding rounds. ``check`` returns the reason to stop, or None to go on."""
-
-    min_rounds: int = 20
-    max_rounds: int = 2000
-    rel_se: float = 0.003  # every median known to ±0.3 % (one standard error)
-    budget_s: float = 2.0  # wall-clock seconds for the rounds (warm-up not counted)
-
-    def __post_init__(self) -> None:
-        if self.min_rounds < 1 or self.max_rounds < self.min_rounds:
-            raise ValueError(f"need 1 <= min_rounds <= max_rounds, got {self.min_rounds}, {self.max_rounds}")
-        if self.rel_se <= 0 or self.budget_s <= 0:
-            raise ValueError("rel_se and budget_s must be positive")
-
-    def check(self, samples: Mapping[str, Sequence[float]], elapsed_s: float) -> str | None:
-        n = min((len(s) for s in samples.values()), default=0)
-        if n == 0:
-            return None
-        if n >= self.max_rounds:
-            return "max_rounds"
-        if n >= self.min_rounds and all(summarize(s).rel_se <= self.rel_se for s in samples.values()):
-            return "converged"
-        # The budget never stops before a few rounds: the timed outputs of both input sets must be
-        # re-checked at least once (a result left over from the previous call is caught there).
-        if elapsed_s >= self.budget_s and n >= min(self.min_rounds, 3):
-            return "budget"
-        return None
-
-
-# --------------------------------------------------------------------------------------------
-# The primitives timing goes through, captured before student code can replace them
-# --------------------------------------------------------------------------------------------
-
-_CAPTURED: dict[str, tuple[Any, str, Any, Any]] = {}  # name -> (owner, attribute, object, its code)
-_MISSING = object()
-
-
-def _code(value: Any) -> Any:
-    """The code object behind a function, method, property or class/static method (None for C callables)."""
-    for inner in (value, getattr(value, "fget", None), getattr(value, "__func__", None)):
-        code = getattr(inner, "__code__", None)
-        if code is not None:
-            return code
-    return None
-
-
-def _targets() -> dict[str, tuple[Any, str]]:
-    """Everything a measurement calls: name -> (owner, attribute)."""
-    import torch
-    import triton.testing
-
-    from grader.speed import measure
-
-    this = sys.modules[__name__]
-    found: dict[str, tuple[Any, str]] = {
-        "time.perf_counter": (time, "perf_counter"), "time.monotonic": (time, "monotonic"), "time.time": (time, "time"),
-        "torch.cuda.Event": (torch.cuda, "Event"), "torch.cuda.synchronize": (torch.cuda, "synchronize"),
-        "torch.cuda._sleep": (torch.cuda, "_sleep"), "torch.cuda.current_stream": (torch.cuda, "current_stream"),
-        "torch.cuda.CUDAGraph": (torch.cuda, "CUDAGraph"), "torch.cuda.graph": (torch.cuda, "graph"),
-        "triton.testing.do_bench": (triton.testing, "do_bench"),
-    }
-    owners = {"torch.cuda.Event": torch.cuda.Event, "torch.cuda.CUDAGraph": torch.cuda.CUDAGraph,
-              "torch._C._CudaEventBase": torch._C._CudaEventBase}
-    for owner_name, owner in owners.items():
-        for attr in ("record", "elapsed_time", "synchronize", "query", "replay", "__init__", "__new__"):
-            if attr in vars(owner):
-                found[f"{owner_name}.{attr}"] = (owner, attr)
-    for attr in ("median", "fmean", "stdev"):
-        found[f"statistics.{attr}"] = (statistics, attr)
-    for attr in ("sorted", "min", "max", "sum", "len", "float", "int", "isinstance"):
-        found[f"builtins.{attr}"] = (builtins, attr)
-    for module, prefix in ((this, "grader.speed.timing"), (measure, "grader.speed.measure")):
-        for attr, value in vars(module).items():
-            if getattr(value, "__module__", None) == module.__name__ and (callable(value) or isinstance(value, type)):
-                found[f"{prefix}.{attr}"] = (module, attr)
-                if isinstance(value, type):
-                    for member in vars(value):
-                        if _code(vars(value)[member]) is not None:
-                            found[f"{prefix}.{attr}.{member}"] = (value, member)
-    return found
-
-
-def capture_primitives() -> None:
-    """Record the timing primitives as they are now. The grader's worker calls this before it imports
-    any student module; :class:`CudaClock` then uses these objects and :func:`tampered` compares."""
-    _CAPTURED.clear()
-    for name, (owner, attr) in _targets().items():
-        value = vars(owner)[attr] if isinstance(owner, type) else getattr(owner, attr)
-        _CAPTURED[name] = (owner, attr, value, _code(value))
-
-
-def _primitive(name: str, current: Any) -> Any:
-    """The captured object of that name, or ``current`` where nothing was captured (pytest, bench)."""
-    return _CAPTURED[name][2] if name in _CAPTURED else current
-
-
-def tampered() -> list[str]:
-    """The captured primitives that were replaced, deleted or had their code rewritten since
-    :func:`capture_primitives` (empty where nothing was captured)."""
-    changed = []
-    for name, (owner, attr, value, code) in _CAPTURED.items():
-        now = vars(owner).get(attr, _MISSING) if isinstance(owner, type) else getattr(owner, attr, _MISSING)
-        if now is not value or _code(now) is not code:
-            changed.append(name)
-    return changed
-
-
-# --------------------------------------------------------------------------------------------
-# Clocks
-# --------------------------------------------------------------------------------------------
-
-
-class Clock(Protocol):
-    """What the engine needs from a device: flush caches, timestamps in stream order, a host
-    clock for the budget, and (optionally) graph capture."""
-
-    def flush(self) -> None: ...
-
-    def hold(self, ms: float) -> None: ...
-
-    def mark(self) -> Any: ...
-
-    def elapsed_ms(self, start: Any, end: Any) -> float: ...
-
-    def sync(self) -> None: ...
-
-    def wall(self) -> float: ...
-
-    def capture(self, fn: Callable[[], Any]) -> Callable[[], None] | None: ...
-
-
-class CudaClock:
-    """CUDA events on the current stream; L2 flushed by zeroing Triton's 256 MB benchmark buffer
-    (larger than the L2 of an H100/H200, 50/60 MB); the GPU held with ``torch.cuda._sleep``, a spin
-    of a given number of clock cycles. Uses the primitives :func:`capture_primitives` recorded, where
-    it was called."""
-
-    def __init__(self) -> None:
-        import torch
-
-        self._torch = torch
-        self._event = _primitive("torch.cuda.Event", torch.cuda.Event)
-        self._record = _primitive("torch.cuda.Event.record", torch.cuda.Event.record)
-        self._elapsed = _primitive("torch.cuda.Event.elapsed_time", torch.cuda.Event.elapsed_time)
-        self._synchronize = _primitive("torch.cuda.synchronize", torch.cuda.synchronize)
-        self._sleep = _primitive("torch.cuda._sleep", torch.cuda._sleep)
-        self._perf_counter = _primitive("time.perf_counter", time.perf_counter)
-        # cycles per ms at the highest clock (kHz; 2.1 GHz where torch does not say, above any data-centre
-        # GPU's boost clock): a hold is never shorter than asked, only longer at a lower clock
-        props = torch.cuda.get_device_properties(torch.cuda.current_device())
-        self._cycles_per_ms = getattr(props, "clock_rate", 0) or 2_100_000
-        try:
-            import triton
-
-            driver = triton.runtime.driver.active
-            self._cache = driver.get_empty_cache_for_benchmark()
-            self._clear = getattr(driver, "clear_cache", None) or (lambda buf: buf.zero_())
-        except (ImportError, AttributeError, RuntimeError):  # an older/other Triton: same buffer by hand
-            self._cache = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
-            self._clear = lambda buf: buf.zero_()
-
-    def flush(self) -> None:
-        self._clear(self._cache)
-
-    def hold(self, ms: float) -> None:
-        if ms > 0:
-            self._sleep(int(ms * self._cycles_per_ms))
-
-    def mark(self) -> Any:
-        event = self._event(enable_timing=True)
-        self._record(event)
-        return event
-
-    def elapsed_ms(self, start: Any, end: Any) -> float:
-        return self._elapsed(start, end)
-
-    def sync(self) -> None:
-        self._synchronize()
-
-    def wall(self) -> float:
-        return self._perf_counter()
-
-    def capture(self, fn: Callable[[], Any]) -> Callable[[], None] | None:
-        """A CUDA graph of one call of ``fn``; None if the call cannot be captured (it syncs,
-        reads a value on the host, ...)."""
-        torch = self._torch
-        graph = torch.cuda.CUDAGraph()
-        # A Triton kernel finalized by the cyclic GC during capture would unload its module and
-        # invalidate the graph (triton.testing.cuda_graph_without_gc).
-        gc_was_enabled = gc.isenabled()
-        gc.disable()
-        try:
-            with torch.cuda.graph(graph):
-                fn()
-        except Exception:
-            torch.cuda.synchronize()
-            return None
-        finally:
-            if gc_was_enabled:
-                gc.enable()
-        return graph.replay
-
-
-# --------------------------------------------------------------------------------------------
-# The engine
-# --------------------------------------------------------------------------------------------
+from grader.speed.clocks import Clock
+from grader.speed.stats import Stats, StopRule, summarize
 
 # The GPU is held this long before a timed call: HOLD_FACTOR × the candidate's launch time (host time
 # from the call to its return, measured in the warm-up) plus HOLD_MIN_MS, at most HOLD_MAX_MS. A call
@@ -361,6 +56,7 @@ class CudaClock:
 HOLD_FACTOR = 1.5
 HOLD_MIN_MS = 0.05
 HOLD_MAX_MS = 5.0
+DEFAULT_RULE = StopRule()
 
 
 @dataclass(frozen=True)
@@ -450,7 +146,7 @@ def measure(
     sources: Sequence[Mapping[str, Any]],
     *,
     clock: Clock,
-    rule: StopRule = StopRule(),
+    rule: StopRule = DEFAULT_RULE,
     warmup_ms: float = 25.0,
     graph_below_ms: float | None = 0.02,
 ) -> Measurement:
@@ -594,48 +290,3 @@ def _capture_all(candidates, sources, clock: Clock) -> dict[str, Callable[[int],
 
         runners[candidate.name] = runner
     return runners
-
-
-# --------------------------------------------------------------------------------------------
-# Roofline
-# --------------------------------------------------------------------------------------------
-
-
-@cache
-def copy_bandwidth_gbps() -> float:
-    """Device-to-device copy bandwidth (bytes read + written), 1 GiB, ``do_bench`` median."""
-    import torch
-    from triton.testing import do_bench
-
-    src = torch.empty(1 << 28, dtype=torch.float32, device="cuda").fill_(1.0)
-    dst = torch.empty_like(src)
-    ms = do_bench(lambda: dst.copy_(src), warmup=25, rep=100, return_mode="median")
-    return 2 * src.numel() * src.element_size() / (ms * 1e-3) / 1e9
-
-
-@cache
-def matmul_tflops(dtype: str) -> float:
-    """Dense 8192³ ``torch.matmul`` rate for ``dtype`` (float32 with TF32, as ``tl.dot`` uses)."""
-    import torch
-    from triton.testing import do_bench
-
-    from grader.checks.spec import DTYPES
-
-    n = 8192
-    a = torch.randn(n, n, device="cuda").to(DTYPES[dtype])
-    b = torch.randn(n, n, device="cuda").to(DTYPES[dtype])
-    was = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = True
-    try:
-        ms = do_bench(lambda: a @ b, warmup=25, rep=100, return_mode="median")
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = was
-    return 2 * n**3 / (ms * 1e-3) / 1e12
-
-
-def roofline(dtypes: Sequence[str] = ()) -> dict[str, Any]:
-    """The measured roofs: copy bandwidth and, for each dtype, the matmul rate (cached per process)."""
-    return {
-        "copy_gbps": copy_bandwidth_gbps(),
-        "matmul_tflops": {d: matmul_tflops(d) for d in sorted(set(dtypes))},
-    }

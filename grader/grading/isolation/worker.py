@@ -162,11 +162,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from grader import exercises
     from grader.checks import loader, runtime
-    from grader.speed import autotune, timing
+    from grader.speed import autotune, tamper
 
     runtime.configure()
     if job.device == "cuda":
-        timing.capture_primitives()  # before any student code runs: what timing calls, as it is now
+        tamper.capture_primitives()  # before any student code runs: what timing calls, as it is now
     if gate is not gpu_gate.NO_GATE:
         gpu_gate.install(gate)  # Triton's compilation never holds up another process's turn alone
     autotune.install(default=autotune.FIRST)  # correctness calls never time autotune candidates
