@@ -17,6 +17,7 @@ import torch
 
 from grader.checks import tensors
 from grader.checks.spec import Inputs, Tolerance
+from grader.checks.text import plural
 
 MAX_LISTED = 5
 # Mismatches count as small and systematic when every one is finite, the largest is at most this fraction
@@ -32,10 +33,6 @@ class Mismatch:
     output: str
     message: str
 
-
-def plural(n: int, word: str, many: str | None = None) -> str:
-    """``1 element``, ``2 elements`` (``many`` for an irregular plural)."""
-    return f"{n} {word if n == 1 else many or word + 's'}"
 
 
 def unwritten_mask(got: torch.Tensor) -> torch.Tensor | None:

@@ -9,24 +9,16 @@ bandwidth kernels (no FLOP count) become bars of their percentage of the rooflin
 
 from __future__ import annotations
 
-import html
 import math
 from collections.abc import Sequence
 from typing import Any
 
+from grader.checks.text import escape as _e
+from grader.checks.text import positive_number as _num
+
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
 
 
-def _e(text: Any) -> str:
-    return html.escape(str(text))
-
-
-def _num(value: Any) -> float | None:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) and number > 0 else None
 
 
 def peaks(roofline: dict[str, Any]) -> tuple[float | None, float | None]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import csv
 import hashlib
-import html
 import io
 import math
 import statistics
@@ -26,6 +25,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from grader.checks.spec import Exercise
+from grader.checks.text import escape as _e
+from grader.checks.text import positive_number as _num
 from grader.grading.results.reports import StudentReport
 from grader.grading.results.results import FAILED, ExerciseResult
 from grader.grading.results.scoring import LINE_REGRADE
@@ -43,9 +44,6 @@ vertical-align:top}th{background:#f4f4f4}td.num{text-align:right;font-variant-nu
 .plots{display:flex;flex-wrap:wrap;gap:1rem}svg text{font-family:inherit}
 """
 
-
-def _e(text: Any) -> str:
-    return html.escape(str(text))
 
 
 def _f(value: float | None, digits: int = 2) -> str:
@@ -385,11 +383,3 @@ def _problems(students: list[StudentReport], names: list[str], gpu_failures: Seq
             table.add("gpu_failure", item=gpu, detail=f"{f.get('reason', '')} ({f.get('task', '')})")
         h.append("</table>")
     return h
-
-
-def _num(value: Any) -> float | None:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) and number > 0 else None

@@ -19,7 +19,6 @@ student's files are rewritten as soon as each of their exercises is graded.
 from __future__ import annotations
 
 import csv
-import html
 import io
 import json
 import time
@@ -27,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from grader.checks.text import escape as _e
 from grader.grading.results import store
 from grader.grading.results.results import ExerciseResult, ungradable
 from grader.grading.results.scoring import LINE_REGRADE, ExerciseScore, round_points
@@ -258,9 +258,6 @@ pre{background:#f7f7f7;padding:.6rem;overflow-x:auto;white-space:pre-wrap;font-s
 svg text{font-family:inherit}
 """
 
-
-def _e(text: Any) -> str:
-    return html.escape(str(text))
 
 
 def render_html(report: StudentReport) -> str:

@@ -26,8 +26,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from grader.checks.compare import plural
 from grader.checks.spec import Exercise, Part
+from grader.checks.text import plural
 from grader.grading.config import Course
 from grader.grading.results.results import GRADED, NEEDS_REGRADE, PASSED, ExerciseResult, PartResult, SpeedResult
 
