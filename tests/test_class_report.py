@@ -30,6 +30,7 @@ from grader.grading.results.results import (
     PartResult,
     SpeedResult,
 )
+from grader.speed.credit import BenchmarkCredit
 
 ALL = exercises.all_exercises()
 GELU, SOFTMAX = exercises.get("gelu"), exercises.get("softmax")
@@ -45,8 +46,8 @@ def _checks(exercise, failing: set[str] = frozenset()) -> list[CheckResult]:
 
 def _speed(exercise, ratios: list[float]) -> SpeedResult:
     labels = [b.label for b in exercise.parts[0].benchmarks]
-    rows = [{"label": label, "ratio": r, "required_full": 1.0, "required_partial": 0.5, "student_ms": 1.0 / r,
-             "baseline_ms": 1.0} for label, r in zip(labels, ratios)]
+    rows = [BenchmarkCredit(label, "torch", student_ms=1.0 / r, baseline_ms=1.0, ratio=r, required_full=1.0,
+                            required_partial=0.5) for label, r in zip(labels, ratios)]
     credit = statistics.fmean(min(1.0, max(0.0, (r - 0.5) / 0.5)) for r in ratios)
     return SpeedResult("measured", "speed", credit, rows, calibrated=True)
 
@@ -207,7 +208,7 @@ def test_the_leaderboard_ranks_verified_complete_clean_speed_only(page):
     board = re.findall(r'<tr><td class="num">(\d+)</td><td>(.*?)</td><td class="num" data-geomean="([^"]+)"',
                        page.html)
     geo = {s: math.exp(statistics.fmean(math.log(r) for res in CLASS[s][1].values()
-                                         for row in res.parts[0].speed.rows for r in [row["ratio"]]))
+                                         for row in res.parts[0].speed.rows for r in [row.ratio]))
            for s in ("s1", "s2")}
     # s3 is flagged, s4 awaits a regrade, s5 and s6 lack benchmarks: not ranked
     assert [(rank, float(value)) for rank, _, value in board] == [("1", pytest.approx(geo["s1"], rel=1e-5)),
@@ -265,7 +266,7 @@ def test_empty_problem_tables_say_none(tmp_path):
 def test_thresholds_are_shown_rounded_and_the_histograms_last_label_is_not_clipped(tmp_path):
     result = _result(GELU, ratios=(1.2, 0.9))
     for row in result.parts[0].speed.rows:
-        row["required_full"], row["required_partial"] = 1.354924, 0.747488  # as calibrate writes them
+        row.required_full, row.required_partial = 1.354924, 0.747488  # as calibrate writes them
     store.write_run(tmp_path, {"exercises": ["gelu"], "device": "CPU", "secret_salt": SALT,
                                "started": "2026-01-01 10:00:00"})
     store.save_submission(tmp_path, "s1", {"source": "/subs/s1", "kind": "directory", "problems": []})

@@ -20,7 +20,7 @@ from grader.checks import catalog, loader, tensors, verdicts
 from grader.checks.runtime import configure
 from grader.checks.spec import Benchmark, Case, Exercise, Part, Tolerances
 from grader.pytest_plugin import spec_tests, speed_tests
-from grader.speed import bench, calibrate, credit, measure
+from grader.speed import bench, calibrate, credit, measure, workload
 from grader.speed import thresholds as th
 from grader.speed.thresholds import Threshold, Thresholds
 from grader.speed.timing import StopRule
@@ -83,7 +83,7 @@ def _calibrated(full=0.85, partial=0.5) -> Thresholds:
 def _score(part, row, thresholds):
     bench = part.benchmarks[0]
     threshold, source = credit.resolve_threshold(part, bench.label, thresholds)
-    scored = credit.benchmark_credit(row, bench.label, credit.benchmark_work(part, bench), threshold, source, ROOF)
+    scored = credit.benchmark_credit(row, bench.label, workload.benchmark_work(part, bench), threshold, source, ROOF)
     return credit.summarize([scored], ROOF, GPU, thresholds, verdicts.Verdict(True))
 
 
@@ -97,7 +97,7 @@ def test_measure_times_the_student_against_the_grading_baselines():
     assert row.median("student") == pytest.approx(0.5) and row.median("torch") == pytest.approx(1.0)
     assert samples == pytest.approx([0.5] * row.rounds)
     assert measure.BenchmarkTiming.from_dict(row.to_dict()) == row
-    work = credit.benchmark_work(part, part.benchmarks[0])
+    work = workload.benchmark_work(part, part.benchmarks[0])
     assert work.bytes == 8192.0 and work.flops is None
     with pytest.raises(ValueError, match="declares no baseline nope"):
         _measure(part, _module(clock, 0.5), clock, baselines=["nope"])
@@ -108,11 +108,11 @@ def test_fast_enough_gets_full_credit_with_numbers():
     part = _toy_part(clock)
     score = _score(part, _measure(part, _module(clock, 0.5), clock), _calibrated())
     (r,) = score.rows
-    assert score.fraction == 1.0 and score.calibrated and r["threshold"] == "calibrated"
-    assert (r["ratio"], r["student_ms"], r["baseline_ms"], r["copy_ms"]) == pytest.approx((2.0, 0.5, 1.0, 0.8))
-    assert r["gbps"] == pytest.approx(8192 / 0.5e-3 / 1e9)
-    assert r["pct_roofline"] == pytest.approx(100 * (8192 / 20e9) / 0.5e-3)
-    assert r["bound"] == "memory" and r["reference_ms"] == 0.9
+    assert score.fraction == 1.0 and score.calibrated and r.threshold == "calibrated"
+    assert (r.ratio, r.student_ms, r.baseline_ms, r.copy_ms) == pytest.approx((2.0, 0.5, 1.0, 0.8))
+    assert r.gbps == pytest.approx(8192 / 0.5e-3 / 1e9)
+    assert r.pct_roofline == pytest.approx(100 * (8192 / 20e9) / 0.5e-3)
+    assert r.bound == "memory" and r.reference_ms == 0.9
     assert "speed: 100% (1 of 1 benchmark at full speed)" in score.message
     assert "thresholds: grader/speed/thresholds/h100.toml" in score.message
 
@@ -122,7 +122,7 @@ def test_too_slow_says_measured_required_ratio_bandwidth_and_causes():
     part = _toy_part(clock)
     score = _score(part, _measure(part, _module(clock, 1.6), clock), _calibrated(full=0.85, partial=0.5))
     (r,) = score.rows
-    assert r["ratio"] == pytest.approx(0.625)
+    assert r.ratio == pytest.approx(0.625)
     assert score.fraction == pytest.approx((0.625 - 0.5) / 0.35)
     message = score.message
     assert "n1024: 1.600 ms = 0.62× the speed of torch (1.000 ms)" in message
@@ -136,7 +136,7 @@ def test_compute_bound_hints():
     clock = FakeClock()
     part = _toy_part(clock, flops=True)
     score = _score(part, _measure(part, _module(clock, 4.0), clock), _calibrated())
-    assert score.rows[0]["bound"] == "compute" and score.fraction == 0.0
+    assert score.rows[0].bound == "compute" and score.fraction == 0.0
     assert "TFLOP/s" in score.message and "materialized intermediates" in score.message
 
 
@@ -196,12 +196,12 @@ def test_uncalibrated_gpu_uses_the_calibrated_gpus_ratios(monkeypatch):
     monkeypatch.setattr(th, "portable", lambda: ({("toy", "forward", "n1024"): Threshold("torch", 1, 1, 0.6, 0.3)},
                                                  ["h100", "h200"]))
     score = _score(part, row, None)
-    assert not score.calibrated and score.rows[0]["threshold"] == "portable" and score.fraction == 1.0
+    assert not score.calibrated and score.rows[0].threshold == "portable" and score.fraction == 1.0
     assert f"this GPU ({GPU}) is not calibrated" in score.message
     assert "the most lenient ratios of the calibrated GPUs (h100, h200)" in score.message
     monkeypatch.setattr(th, "portable", lambda: ({}, []))
     score = _score(part, row, None)
-    assert score.rows[0]["threshold"] == "default" and score.rows[0]["required_full"] == 0.5
+    assert score.rows[0].threshold == "default" and score.rows[0].required_full == 0.5
     assert "default ratios" in score.message and "grader calibrate" in score.message
     # a file for this GPU without an entry for the benchmark, or for another baseline
     score = _score(part, row, Thresholds(GPU, {("toy", "forward", "n1024"): Threshold("sdpa", 1, 1, 0.9, 0.5)}))
@@ -221,7 +221,7 @@ def test_part_credit_takes_the_recheck_verdict():
     assert good.fraction == 1.0 and good.calibrated
     bad = credit.part_credit(part, measurement, recheck=verdicts.Verdict(False, "on fresh inputs, double is wrong"),
                              thresholds=_calibrated(), roofline=ROOF)
-    assert bad.fraction == 0.0 and bad.rows[0]["credit"] == 0.0
+    assert bad.fraction == 0.0 and bad.rows[0].credit == 0.0
     assert "speed: no credit — on fresh inputs, double is wrong" in bad.message
 
 
@@ -230,7 +230,7 @@ def test_part_credit_counts_unmeasured_benchmarks_as_zero():
     part = _toy_part(clock)
     score = credit.part_credit(part, measure.SpeedMeasurement(GPU), recheck=verdicts.Verdict(True),
                                thresholds=_calibrated())
-    assert score.fraction == 0.0 and score.rows[0]["error"] == "not measured"
+    assert score.fraction == 0.0 and score.rows[0].error == "not measured"
     assert score.to_dict()["rows"][0]["label"] == "n1024"
 
 
@@ -327,13 +327,13 @@ def test_bench_table_and_plot(tmp_path, monkeypatch):
     part, result = _bench_result()
     rows = bench.table_rows(result, part, _calibrated())
     yours = next(r for r in rows if r["impl"] == "yours")
-    assert yours["vs_baseline"] == pytest.approx(1 / 1.5) and yours["credit"]["credit"] < 1
+    assert yours["vs_baseline"] == pytest.approx(1 / 1.5) and yours["credit"].credit < 1
     assert {r["impl"] for r in rows} == {"yours", "torch", "copy", "extra"}
     extra = next(r for r in rows if r["impl"] == "extra")
     assert extra["yours_faster"] == pytest.approx(5.0 / 1.5) and yours["yours_faster"] is None
     # a course curve that asks half the baseline's speed: the same kernel (0.67× the baseline) earns full credit
     lenient = bench.table_rows(result, part, _calibrated(), th.Curve("baseline", 0.5, 0.1))
-    assert next(r for r in lenient if r["impl"] == "yours")["credit"]["credit"] == 1.0
+    assert next(r for r in lenient if r["impl"] == "yours")["credit"].credit == 1.0
     console = Console(record=True, width=220)
     bench.render(result, rows, console)
     text = console.export_text()

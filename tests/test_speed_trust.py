@@ -241,5 +241,5 @@ def test_a_speed_measurement_travels_from_the_worker_to_the_judge(monkeypatch):
     state = judge.parts["forward"]
     assert state.errors == [] and state.flags == {}
     assert state.speed.status == "measured" and state.speed.fraction == 1.0
-    assert state.speed.rows[0]["ratio"] == pytest.approx(2.0)
+    assert state.speed.rows[0].ratio == pytest.approx(2.0)
     assert judge.profile["speed: timed rounds"] > 0

@@ -85,18 +85,17 @@ def speed_test(exercise: Exercise, part: Part):
 
         roofline = probes.roofline([bench.case.get("dtype")] if bench.flops else [])
         curve = thresholds.curve_for(grader_session.curves, exercise.name, part.name)
-        threshold, source = credit.resolve_threshold(part, bench.label, limits, curve)
-        result = credit.benchmark_credit(row, bench.label, credit.benchmark_work(part, bench), threshold, source,
-                                         roofline)
-        score = credit.summarize([result], roofline, grader_session.mode.gpu_name or "?", limits,
-                                 verdicts.Verdict(True))
-        if curve is not None:
-            score.message += f"\nspeed curve (the course file's): {curve.describe(part.speed_baseline or 'baseline')}"
-        benchmark.extra_info.update({k: result.get(k) for k in (
+        measurement = measure.SpeedMeasurement(grader_session.mode.gpu_name or "?", [row])
+        verdict = credit.judge(part, measurement, recheck=verdicts.Verdict(True), thresholds=limits, curve=curve,
+                               labels=[bench.label], roofline=roofline, require_calibration=False)
+        if verdict.status == credit.FLAGGED:
+            pytest.fail(f"{exercise.name} {part.name} speed on {bench.label}: {verdict.message}", pytrace=False)
+        result = verdict.rows[0]
+        benchmark.extra_info.update({k: getattr(result, k) for k in (
             "baseline", "baseline_ms", "student_ms", "ratio", "required_full", "required_partial", "credit",
             "gbps", "tflops", "pct_roofline", "threshold")})
-        if score.fraction < 1.0:
-            pytest.fail(f"{exercise.name} {part.name} is too slow — {score.message}", pytrace=False)
+        if verdict.fraction < 1.0:
+            pytest.fail(f"{exercise.name} {part.name} is too slow — {verdict.message}", pytrace=False)
 
     test.__doc__ = (f"{exercise.title} ({part.name}): speed against {part.speed_baseline} on the GPU "
                     f"(pytest-benchmark table in device time)")

@@ -35,7 +35,8 @@ from typing import Any
 from grader import exercises
 from grader.checks import loader, runtime
 from grader.checks.spec import Benchmark, Exercise, Part
-from grader.speed import credit, measure, probes, roofline, stats, thresholds, trusted
+from grader.checks.verdicts import Verdict
+from grader.speed import credit, measure, probes, roofline, stats, thresholds, trusted, workload
 
 YOURS = "yours"
 IN_PROCESS = "yours (in-process)"  # --in-process: the student's call itself, timed beside its replay
@@ -159,30 +160,32 @@ def table_rows(result: dict[str, Any], part: Part, limits: thresholds.Thresholds
     ``curve`` where it sets one."""
     roof = result["roofline"]
     base = result.get("baseline")
+    verdict = credit.judge(part, measure.SpeedMeasurement(result["gpu"], list(result["rows"])), recheck=Verdict(True),
+                           thresholds=limits, curve=curve, labels=[row.label for row in result["rows"]],
+                           roofline=roof, require_calibration=False)
+    scored_rows = {r.label: r for r in verdict.rows}
+    flag = verdict.message if verdict.status == credit.FLAGGED else None
     out = []
     for row in result["rows"]:
         if row.error:
             out.append({"label": row.label, "impl": YOURS, "error": row.error})
             continue
         bench = next(b for b in part.benchmarks if b.label == row.label)
-        work = credit.benchmark_work(part, bench)
+        work = workload.benchmark_work(part, bench)
         base_ms = row.median(base) if base else None
         yours_ms = row.median(measure.STUDENT)
-        scored = None
-        if base:
-            threshold, source = credit.resolve_threshold(part, row.label, limits, curve)
-            scored = credit.benchmark_credit(row, row.label, work, threshold, source, roof)
+        scored = scored_rows.get(row.label) if base else None
         for name, timed in row.times.items():
             # a copy does none of the math: its rate in TFLOP/s would mean nothing
             flops = None if name == "copy" else work.flops
-            numbers = credit.roofline_numbers(work.bytes, flops, timed.median, work.dtype, roof)
+            numbers = workload.roofline_numbers(work.bytes, flops, timed.median, work.dtype, roof)
             mine = name == measure.STUDENT
             out.append({
                 "label": row.label, "impl": YOURS if mine else name, "ms": timed.median,
                 "spread": timed.robust_cv, "mode": row.mode,
                 "vs_baseline": base_ms / timed.median if base_ms else None,
                 "yours_faster": None if mine or not yours_ms else timed.median / yours_ms, **numbers,
-                "credit": scored if mine else None,
+                "credit": scored if mine else None, "flag": flag if mine else None,
             })
     return out
 
@@ -222,9 +225,11 @@ def render(result: dict[str, Any], rows: list[dict[str, Any]], console=None) -> 
             continue
         credit_text = ""
         c = r.get("credit")
-        if c is not None:
-            note = "" if c["threshold"] == "calibrated" else " (uncalibrated)"
-            credit_text = f"{c['credit']:.0%} (full at {c['required_full']:.2f}×){note}"
+        if r.get("flag"):
+            credit_text = "[red]none: the measurement cannot be trusted[/red]"
+        elif c is not None:
+            note = "" if c.threshold == "calibrated" else " (uncalibrated)"
+            credit_text = f"{c.credit:.0%} (full at {c.required_full:.2f}×){note}"
         style = "bold" if r["impl"] == YOURS else ""
         table.add_row(
             label, f"[{style}]{r['impl']}[/{style}]" if style else r["impl"], credit.fmt_ms(r["ms"]),
@@ -233,6 +238,8 @@ def render(result: dict[str, Any], rows: list[dict[str, Any]], console=None) -> 
             _fmt(r.get("yours_faster"), ".2f", "×"), credit_text,
         )
     console.print(table)
+    for flag in dict.fromkeys(r["flag"] for r in rows if r.get("flag")):
+        console.print(flag)
     for label, by_impl in result.get("rounds_ms", {}).items():
         for impl, values in by_impl.items():
             console.print(f"  {label} {impl} rounds: " + " ".join(credit.fmt_ms(v) for v in values))

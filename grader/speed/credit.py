@@ -1,5 +1,9 @@
-"""Speed credit: turn a :class:`~grader.speed.measure.SpeedMeasurement` into credit and a message. Plain
-data in, never student code: the grader runs this in its verdict process.
+"""The speed-credit rule, in one place: :func:`judge` turns a :class:`~grader.speed.measure.SpeedMeasurement` into
+a :class:`SpeedVerdict` — whether the measurement can be trusted (timing primitives replaced, replays that did not
+compute the function, times beyond the GPU's physical limits), the credit per benchmark (typed rows,
+:class:`BenchmarkCredit`), and whether this GPU can grade speed at all (calibrated, running as calibrated). The
+grader's judging, ``pytest -m speed`` and ``grader bench`` all call it. Plain data in, never student code: the
+grader runs this in its verdict process.
 
 Ratios are ``baseline_ms / student_ms`` — the student's speed in units of the baseline measured in the
 same run — and credit is linear between the thresholds' ``partial`` and ``full`` ratios
@@ -9,22 +13,30 @@ achieved bandwidth and throughput against this GPU's roofline, and what usually 
 
 from __future__ import annotations
 
-import contextlib
 import math
 import statistics
-import threading
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import torch
 
-from grader.checks.spec import Benchmark, Part
+from grader.checks.spec import Part
 from grader.checks.verdicts import Verdict
 from grader.speed import limits as limits_mod
 from grader.speed import thresholds as thresholds_mod
-from grader.speed.measure import STUDENT, BenchmarkTiming, SpeedMeasurement, cpu_inputs
+from grader.speed.measure import STUDENT, BenchmarkTiming, SpeedMeasurement
 from grader.speed.thresholds import Threshold, Thresholds
+from grader.speed.trusted import REPLAY_MISMATCH
+from grader.speed.workload import Work, benchmark_work, roofline_numbers, roofline_of
+
+# A part's speed status, as results and reports carry it.
+MEASURED = "measured"  # credit from trusted times
+NOT_MEASURED = "not measured"  # no times: not implemented, not submitted, no GPU, ...
+NOT_GRADED = "not graded"  # the part is not speed-graded
+FAILED = "failed"  # the measurement failed (the student's code raised, a benchmark errored): no credit
+FLAGGED = "flagged"  # the measurement cannot be trusted: no credit, an integrity flag
+NEEDS_REGRADE = "needs regrade"  # this GPU cannot grade speed now (not calibrated, not running as calibrated)
 
 MEMORY_HINTS = (
     "BLOCK too small: each program moves too few bytes to hide memory latency (try >= 1024 elements per program)",
@@ -39,48 +51,6 @@ COMPUTE_HINTS = (
     "tl.dot operands in fp32 instead of fp16/bf16, or products accumulated outside tl.dot",
     "no software pipelining (num_stages) or poor L2 reuse (grouped program order)",
 )
-
-
-@dataclass(frozen=True)
-class Work:
-    """What one call of a benchmark must do: the fewest bytes a fused kernel moves, its useful FLOPs."""
-
-    bytes: float | None
-    flops: float | None
-    dtype: str | None
-
-
-_WORK: dict[tuple[int, str], tuple[Part, Work]] = {}
-_WORK_LOCK = threading.Lock()  # one count at a time: a caller waits for a count under way instead of redoing it
-
-
-def benchmark_work(part: Part, bench: Benchmark) -> Work:
-    """The benchmark's byte and FLOP counts, computed here from the spec (never taken from a worker);
-    remembered per process, since building the inputs takes a while."""
-    key = (id(part), bench.label)
-    with _WORK_LOCK:
-        known = _WORK.get(key)
-        if known is None or known[0] is not part:
-            inputs = cpu_inputs(part, bench.case)
-            work = Work(float(bench.bytes_moved(inputs)) if bench.bytes_moved else None,
-                        float(bench.flops(inputs)) if bench.flops else None, bench.case.get("dtype"))
-            known = _WORK[key] = (part, work)
-        return known[1]
-
-
-def count_work_in_background(parts: Iterable[Part]) -> threading.Thread:
-    """Count the benchmarks' work of ``parts`` in a thread while the worker runs, so that judging the speed
-    (after the timed runs) finds the counts ready. Errors are left for :func:`benchmark_work` to raise there."""
-
-    def count() -> None:
-        for part in parts:
-            for bench in part.benchmarks:
-                with contextlib.suppress(Exception):
-                    benchmark_work(part, bench)
-
-    thread = threading.Thread(target=count, name="count-benchmark-work", daemon=True)
-    thread.start()
-    return thread
 
 
 def load_thresholds(gpu_name: str | None = None) -> Thresholds | None:
@@ -125,60 +95,73 @@ def resolve_threshold(part: Part, label: str, thresholds: Thresholds | None,
     return (curve.apply(found[0]) if curve is not None else found[0]), found[1]
 
 
-def roofline_of(thresholds: Thresholds | None) -> dict[str, Any]:
-    """The roofs measured when this GPU was calibrated (by the grader, never by a worker)."""
-    if thresholds is None:
-        return {}
-    return {"copy_gbps": thresholds.copy_gbps, "matmul_tflops": dict(thresholds.matmul_tflops)}
+@dataclass
+class BenchmarkCredit:
+    """One benchmark's numbers and credit, as the reports show them."""
+
+    label: str
+    baseline: str
+    student_ms: float | None = None
+    baseline_ms: float | None = None
+    ratio: float | None = None  # baseline_ms / student_ms: the student's speed in units of the baseline
+    required_full: float = 0.0
+    required_partial: float = 0.0
+    credit: float = 0.0
+    gbps: float | None = None
+    tflops: float | None = None
+    pct_roofline: float | None = None
+    bound: str | None = None  # "memory" | "compute"
+    threshold: str = "default"  # where the thresholds come from: "calibrated" | "portable" | "default"
+    reference_ms: float | None = None  # the reference solution's calibrated time
+    error: str | None = None  # why there is no ratio
+    # measured rows only:
+    spread: float | None = None  # the student's robust coefficient of variation
+    copy_ms: float | None = None  # a device copy of the same data
+    mode: str | None = None  # "event" | "graph"
+    rounds: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        if self.ratio is None:  # a row without a measurement carries no measurement details
+            for key in _MEASURED_ONLY:
+                del data[key]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BenchmarkCredit:
+        return cls(**{k: v for k, v in data.items() if k in _FIELDS})
 
 
-def roofline_numbers(nbytes: float | None, flops: float | None, ms: float, dtype: str | None,
-                     roofline: dict[str, Any]) -> dict[str, Any]:
-    """Achieved GB/s and TFLOP/s, and the percentage of the roofline: the time the roofs allow
-    (``max(bytes / bandwidth, flops / peak)``) over the time measured."""
-    seconds = ms * 1e-3
-    bw = roofline.get("copy_gbps")
-    peak = (roofline.get("matmul_tflops") or {}).get(dtype) if dtype else None
-    gbps = nbytes / seconds / 1e9 if nbytes else None
-    tflops = flops / seconds / 1e12 if flops else None
-    bounds = []
-    if nbytes and bw:
-        bounds.append(("memory", nbytes / (bw * 1e9)))
-    if flops and peak:
-        bounds.append(("compute", flops / (peak * 1e12)))
-    if not bounds:
-        bound = "memory" if nbytes and not flops else "compute" if flops and not nbytes else None
-        return {"gbps": gbps, "tflops": tflops, "pct_roofline": None, "bound": bound}
-    bound, best = max(bounds, key=lambda b: b[1])
-    return {"gbps": gbps, "tflops": tflops, "pct_roofline": 100.0 * best / seconds, "bound": bound}
+_MEASURED_ONLY = ("spread", "copy_ms", "mode", "rounds")
+_FIELDS = {f.name for f in fields(BenchmarkCredit)}
 
 
 def benchmark_credit(row: BenchmarkTiming | None, label: str, work: Work, threshold: Threshold, source: str,
-                     roofline: dict[str, Any]) -> dict[str, Any]:
-    """One benchmark's numbers and credit, as the reports show them."""
-    out: dict[str, Any] = {
-        "label": label, "baseline": threshold.baseline, "student_ms": None, "baseline_ms": None, "ratio": None,
-        "required_full": threshold.full, "required_partial": threshold.partial, "credit": 0.0,
-        "gbps": None, "tflops": None, "pct_roofline": None, "bound": None, "threshold": source,
-        "reference_ms": threshold.reference_ms if source == "calibrated" else None, "error": None,
-    }
+                     roofline: dict[str, Any]) -> BenchmarkCredit:
+    """One benchmark's numbers and credit."""
+    out = BenchmarkCredit(label, threshold.baseline, required_full=threshold.full,
+                          required_partial=threshold.partial, threshold=source,
+                          reference_ms=threshold.reference_ms if source == "calibrated" else None)
     if row is None:
-        out["error"] = "not measured"
+        out.error = "not measured"
         return out
     if row.error:
-        out["error"] = row.error
+        out.error = row.error
         return out
     student_ms, baseline_ms = row.median(STUDENT), row.median(threshold.baseline)
     if student_ms is None or baseline_ms is None:
-        out["error"] = f"no time for {'the student' if student_ms is None else threshold.baseline}"
+        out.error = f"no time for {'the student' if student_ms is None else threshold.baseline}"
         return out
     if student_ms <= 0:
-        out["error"] = "measured no time at all (the timer saw no work)"
+        out.error = "measured no time at all (the timer saw no work)"
         return out
     ratio = baseline_ms / student_ms
-    out.update(student_ms=student_ms, baseline_ms=baseline_ms, ratio=ratio, credit=threshold.credit(ratio),
-               spread=row.times[STUDENT].robust_cv, copy_ms=row.median("copy"), mode=row.mode, rounds=row.rounds)
-    out.update(roofline_numbers(work.bytes, work.flops, student_ms, work.dtype, roofline))
+    out.student_ms, out.baseline_ms, out.ratio, out.credit = student_ms, baseline_ms, ratio, threshold.credit(ratio)
+    out.spread, out.copy_ms = row.times[STUDENT].robust_cv, row.median("copy")
+    out.mode, out.rounds = row.mode, row.rounds
+    rates = roofline_numbers(work.bytes, work.flops, student_ms, work.dtype, roofline)
+    out.gbps, out.tflops, out.pct_roofline, out.bound = (rates["gbps"], rates["tflops"], rates["pct_roofline"],
+                                                         rates["bound"])
     return out
 
 
@@ -188,43 +171,43 @@ def fmt_ms(ms: float | None) -> str:
     return f"{ms:.3f} ms" if ms >= 0.1 else f"{ms * 1e3:.1f} µs"
 
 
-def row_message(r: dict[str, Any], roofline: dict[str, Any]) -> str:
+def row_message(r: BenchmarkCredit, roofline: dict[str, Any]) -> str:
     """One benchmark, for a student: measured vs required, ratio, achieved rates, likely causes."""
-    label, base = r["label"], r["baseline"]
-    if r.get("error"):
-        return f"{label}: no speed credit — {r['error']}"
-    head = f"{label}: {fmt_ms(r['student_ms'])} = {r['ratio']:.2f}× the speed of {base} ({fmt_ms(r['baseline_ms'])})"
-    if r["credit"] >= 1.0:
-        return f"{head}; full credit from {r['required_full']:.2f}× — ok"
-    need_ms = r["baseline_ms"] / r["required_full"]
-    floor_ms = r["baseline_ms"] / r["required_partial"]
+    label, base = r.label, r.baseline
+    if r.error:
+        return f"{label}: no speed credit — {r.error}"
+    head = f"{label}: {fmt_ms(r.student_ms)} = {r.ratio:.2f}× the speed of {base} ({fmt_ms(r.baseline_ms)})"
+    if r.credit >= 1.0:
+        return f"{head}; full credit from {r.required_full:.2f}× — ok"
+    need_ms = r.baseline_ms / r.required_full
+    floor_ms = r.baseline_ms / r.required_partial
     lines = [
-        f"{head}; credit {r['credit']:.0%}",
-        f"    required: {r['required_full']:.2f}× {base} (≤ {fmt_ms(need_ms)}) for full credit, "
-        f"above {r['required_partial']:.2f}× (< {fmt_ms(floor_ms)}) for partial credit",
+        f"{head}; credit {r.credit:.0%}",
+        f"    required: {r.required_full:.2f}× {base} (≤ {fmt_ms(need_ms)}) for full credit, "
+        f"above {r.required_partial:.2f}× (< {fmt_ms(floor_ms)}) for partial credit",
     ]
     achieved = []
-    if r.get("gbps") is not None:
+    if r.gbps is not None:
         bw = roofline.get("copy_gbps")
-        of = f" = {100 * r['gbps'] / bw:.0f}% of the copy bandwidth ({bw:.0f} GB/s measured)" if bw else ""
-        achieved.append(f"{r['gbps']:.0f} GB/s{of}")
-    if r.get("tflops") is not None:
-        achieved.append(f"{r['tflops']:.2f} TFLOP/s")
-    if r.get("pct_roofline") is not None:
-        achieved.append(f"{r['pct_roofline']:.0f}% of the roofline")
+        of = f" = {100 * r.gbps / bw:.0f}% of the copy bandwidth ({bw:.0f} GB/s measured)" if bw else ""
+        achieved.append(f"{r.gbps:.0f} GB/s{of}")
+    if r.tflops is not None:
+        achieved.append(f"{r.tflops:.2f} TFLOP/s")
+    if r.pct_roofline is not None:
+        achieved.append(f"{r.pct_roofline:.0f}% of the roofline")
     if achieved:
         lines.append("    achieved: " + "; ".join(achieved))
-    if r.get("copy_ms"):
-        lines.append(f"    a plain copy of the same data takes {fmt_ms(r['copy_ms'])}")
-    hints = COMPUTE_HINTS if r.get("bound") == "compute" else MEMORY_HINTS
-    kind = "compute-bound" if r.get("bound") == "compute" else "memory-bound"
+    if r.copy_ms:
+        lines.append(f"    a plain copy of the same data takes {fmt_ms(r.copy_ms)}")
+    hints = COMPUTE_HINTS if r.bound == "compute" else MEMORY_HINTS
+    kind = "compute-bound" if r.bound == "compute" else "memory-bound"
     lines.append(f"    what usually causes the gap ({kind} kernel):")
     lines += [f"      - {h}" for h in hints]
     return "\n".join(lines)
 
 
-def calibration_note(gpu: str, rows: list[dict[str, Any]], thresholds: Thresholds | None) -> str:
-    sources = {r["threshold"] for r in rows}
+def calibration_note(gpu: str, rows: list[BenchmarkCredit], thresholds: Thresholds | None) -> str:
+    sources = {r.threshold for r in rows}
     if sources == {"calibrated"} and thresholds is not None:
         return f"thresholds: {thresholds.where} (calibrated on {thresholds.gpu})"
     try:
@@ -233,7 +216,7 @@ def calibration_note(gpu: str, rows: list[dict[str, Any]], thresholds: Threshold
         where = "a thresholds file"
     _, used = thresholds_mod.portable()
     basis = (f"the most lenient ratios of the calibrated GPUs ({', '.join(used)})" if "portable" in sources
-             else f"default ratios ({thresholds_mod.DEFAULT_FULL}× {rows[0]['baseline'] if rows else 'baseline'} "
+             else f"default ratios ({thresholds_mod.DEFAULT_FULL}× {rows[0].baseline if rows else 'baseline'} "
                   "for full credit)")
     missing = "" if thresholds is None else f" ({thresholds.where} has no entry for some benchmarks)"
     return (f"this GPU ({gpu}) is not calibrated{missing}: no {where}; required speeds are {basis}. "
@@ -244,22 +227,26 @@ def calibration_note(gpu: str, rows: list[dict[str, Any]], thresholds: Threshold
 class SpeedCredit:
     fraction: float  # in [0, 1]: the mean credit over the part's benchmarks
     message: str
-    rows: list[dict[str, Any]] = field(default_factory=list)
+    rows: list[BenchmarkCredit] = field(default_factory=list)
     calibrated: bool = False  # every benchmark scored against this GPU's own thresholds file
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {"fraction": self.fraction, "message": self.message, "rows": [r.to_dict() for r in self.rows],
+                "calibrated": self.calibrated}
 
 
 def part_credit(part: Part, measurement: SpeedMeasurement, *, recheck: Verdict,
                 thresholds: Thresholds | None, roofline: dict[str, Any] | None = None,
-                curve: thresholds_mod.Curve | None = None) -> SpeedCredit:
-    """Credit for a part from its measurement and the verdict on its post-timing recheck, on the course's speed
-    ``curve`` where it sets one."""
+                curve: thresholds_mod.Curve | None = None, labels: Iterable[str] | None = None) -> SpeedCredit:
+    """Credit for a part (its benchmarks ``labels``, default all) from its measurement and the verdict on its
+    post-timing recheck, on the course's speed ``curve`` where it sets one."""
     roofline = roofline_of(thresholds) if roofline is None else roofline
     measured = {b.label: b for b in measurement.benchmarks}
+    wanted = None if labels is None else set(labels)
     rows = []
     for bench in part.benchmarks:
+        if wanted is not None and bench.label not in wanted:
+            continue
         threshold, source = resolve_threshold(part, bench.label, thresholds, curve)
         rows.append(benchmark_credit(measured.get(bench.label), bench.label, benchmark_work(part, bench),
                                      threshold, source, roofline))
@@ -269,16 +256,16 @@ def part_credit(part: Part, measurement: SpeedMeasurement, *, recheck: Verdict,
     return scored
 
 
-def summarize(rows: list[dict[str, Any]], roofline: dict[str, Any], gpu: str, thresholds: Thresholds | None,
+def summarize(rows: list[BenchmarkCredit], roofline: dict[str, Any], gpu: str, thresholds: Thresholds | None,
               recheck: Verdict) -> SpeedCredit:
-    calibrated = bool(rows) and all(r["threshold"] == "calibrated" for r in rows)
+    calibrated = bool(rows) and all(r.threshold == "calibrated" for r in rows)
     note = calibration_note(gpu, rows, thresholds)
     if not recheck.passed:
         for r in rows:
-            r["credit"] = 0.0
+            r.credit = 0.0
         return SpeedCredit(0.0, f"speed: no credit — {recheck.message}\n{note}", rows, calibrated)
-    fraction = statistics.fmean(r["credit"] for r in rows) if rows else 0.0
-    full = sum(r["credit"] >= 1.0 for r in rows)
+    fraction = statistics.fmean(r.credit for r in rows) if rows else 0.0
+    full = sum(r.credit >= 1.0 for r in rows)
     plural = "s" if len(rows) != 1 else ""
     head = f"speed: {fraction:.0%} ({full} of {len(rows)} benchmark{plural} at full speed) on {gpu}"
     body = "\n".join(row_message(r, roofline) for r in rows)
@@ -313,18 +300,79 @@ def impossible_times(part: Part, measurement: SpeedMeasurement, thresholds: Thre
     return found
 
 
-def baseline_drift(rows: list[dict[str, Any]], thresholds: Thresholds | None, part: Part) -> str | None:
+def baseline_drift(rows: list[BenchmarkCredit], thresholds: Thresholds | None, part: Part) -> str | None:
     """A calibrated baseline measured far from its calibrated time: the GPU is shared, throttled or not the
     one calibrated, so ratios against the thresholds would not be fair (to anyone)."""
     for r in rows:
-        if r["threshold"] != "calibrated" or r.get("baseline_ms") is None or thresholds is None:
+        if r.threshold != "calibrated" or r.baseline_ms is None or thresholds is None:
             continue
-        entry = thresholds.get(part.exercise.name if part.exercise else "?", part.name, r["label"])
+        entry = thresholds.get(part.exercise.name if part.exercise else "?", part.name, r.label)
         if entry is None or not entry.baseline_ms:
             continue
-        factor = r["baseline_ms"] / entry.baseline_ms
+        factor = r.baseline_ms / entry.baseline_ms
         if not 1 / DRIFT <= factor <= DRIFT:
-            return (f"{r['label']}: the baseline {r['baseline']} took {fmt_ms(r['baseline_ms'])}, "
+            return (f"{r.label}: the baseline {r.baseline} took {fmt_ms(r.baseline_ms)}, "
                     f"{factor:.2f}× its calibrated {fmt_ms(entry.baseline_ms)} on {thresholds.gpu}: this GPU is not "
                     "running as it was calibrated (shared, throttled, or another model)")
     return None
+
+
+# --------------------------------------------------------------------------------------------
+# The rule
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class SpeedVerdict:
+    """What :func:`judge` says about a part's speed: its status (the constants above), the credit where there is
+    one, the rows, and the integrity flags to raise (``(rule, message)``, scope speed)."""
+
+    status: str
+    message: str
+    fraction: float | None = None
+    rows: list[BenchmarkCredit] = field(default_factory=list)
+    calibrated: bool = False
+    roofline: dict[str, Any] = field(default_factory=dict)
+    flags: list[tuple[str, str]] = field(default_factory=list)
+
+
+def distrust(part: Part, measurement: SpeedMeasurement, thresholds: Thresholds | None) -> list[tuple[str, str]]:
+    """Why the measurement cannot be trusted, as integrity flags ``(rule, message)``; empty when it can."""
+    flags = []
+    if measurement.tampered:
+        flags.append(("timer-tampering", "the timing primitives were replaced while the student's code ran: "
+                      + ", ".join(measurement.tampered[:8])))
+    if measurement.mismatches:
+        flags.append((REPLAY_MISMATCH, "the student's kernels, replayed by the grader's timer, did not compute the "
+                      "function: " + "; ".join(measurement.mismatches[:3])))
+    impossible = impossible_times(part, measurement, thresholds)
+    if impossible:
+        flags.append(("impossible-speed", "times faster than the GPU can physically go:\n  " + "\n  ".join(impossible)))
+    return flags
+
+
+def judge(part: Part, measurement: SpeedMeasurement, *, recheck: Verdict, thresholds: Thresholds | None,
+          curve: thresholds_mod.Curve | None = None, labels: Iterable[str] | None = None,
+          roofline: dict[str, Any] | None = None, require_calibration: bool = True) -> SpeedVerdict:
+    """The speed verdict on a part (its benchmarks ``labels``, default all): no credit and flags where the
+    measurement cannot be trusted; else the credit against ``thresholds`` on the course's ``curve``. With
+    ``require_calibration`` (the grader), a GPU without its own calibrated thresholds, or one whose baselines run
+    far from their calibrated times, grades no speed (:data:`NEEDS_REGRADE`); ``pytest`` and ``grader bench``
+    show the credit against the calibrated GPUs' ratios instead. ``roofline``: the roofs to rate against
+    (default: those measured when the GPU was calibrated)."""
+    flags = distrust(part, measurement, thresholds)
+    if flags:
+        return SpeedVerdict(FLAGGED, "speed: no credit — the measurement cannot be trusted: "
+                            + "; ".join(message for _, message in flags), 0.0, flags=flags)
+    scored = part_credit(part, measurement, recheck=recheck, thresholds=thresholds, roofline=roofline, curve=curve,
+                         labels=labels)
+    if require_calibration and not scored.calibrated:
+        return SpeedVerdict(NEEDS_REGRADE, f"speed: not graded on this GPU ({measurement.gpu}): it has no "
+                            "calibrated thresholds (`grader calibrate` makes them); correctness is graded, speed "
+                            f"waits for a regrade on a calibrated GPU\n{scored.message}", rows=scored.rows)
+    drift = baseline_drift(scored.rows, thresholds, part) if require_calibration else None
+    if drift is not None:
+        return SpeedVerdict(NEEDS_REGRADE, f"speed: not graded in this run: {drift}; it waits for a regrade\n"
+                            f"{scored.message}", rows=scored.rows, calibrated=True)
+    return SpeedVerdict(FAILED if measurement.error else MEASURED, scored.message, scored.fraction, scored.rows,
+                        scored.calibrated, roofline_of(thresholds))

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from grader.grading import config
 from grader.grading.commands.grade import UsageError, add_common, exit_status, grade, options_from_args
+from grader.grading.results.results import NEEDS_REGRADE
 
 
 def default_solutions() -> Path:
@@ -29,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _uncalibrated(part) -> bool:
     """Speed waits for a GPU with thresholds: not the references' failure, nor the grader's."""
-    return part.speed.status == "needs regrade" and not part.speed.calibrated and part.status == "graded"
+    return part.speed.status == NEEDS_REGRADE and not part.speed.calibrated and part.status == "graded"
 
 
 def failures(batch) -> list[str]:

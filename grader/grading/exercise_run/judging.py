@@ -44,7 +44,7 @@ from grader.grading.results.results import (
     PartResult,
     SpeedResult,
 )
-from grader.speed import credit, thresholds, trusted
+from grader.speed import credit, thresholds
 
 GRADER_FAULT = ("the grader failed while judging this check — a fault of the grader, not of your code; "
                 "it is not scored and will be regraded")
@@ -180,9 +180,9 @@ class ExerciseJudge:
     def _speed(self, item: Item, request, reply, state: _PartState) -> SpeedResult:
         part = item.part
         if isinstance(reply, protocol.NotImplementedYet):
-            return SpeedResult("not measured", "not measured: not implemented")
+            return SpeedResult(credit.NOT_MEASURED, "not measured: not implemented")
         if isinstance(reply, protocol.Raised):
-            return SpeedResult("failed", f"speed measurement raised {reply.message}", 0.0)
+            return SpeedResult(credit.FAILED, f"speed measurement raised {reply.message}", 0.0)
         assert isinstance(reply, protocol.SpeedDone) and isinstance(request, protocol.RunSpeed)
         measurement = reply.measurement
         if measurement.timer_fault:
@@ -205,35 +205,12 @@ class ExerciseJudge:
             limits = credit.load_thresholds(measurement.gpu)
         except thresholds.ThresholdsError as exc:
             return SpeedResult(NEEDS_REGRADE, f"speed: the thresholds file is not usable: {exc}")
-        distrusted = []
-        if measurement.tampered:
-            distrusted.append("the timing primitives were replaced while the student's code ran: "
-                              + ", ".join(measurement.tampered[:8]))
-            state.flag(integrity.Flag("timer-tampering", distrusted[-1]), scope="speed")
-        if measurement.mismatches:
-            distrusted.append("the student's kernels, replayed by the grader's timer, did not compute the function: "
-                              + "; ".join(measurement.mismatches[:3]))
-            state.flag(integrity.Flag(trusted.REPLAY_MISMATCH, distrusted[-1]), scope="speed")
-        impossible = credit.impossible_times(part, measurement, limits)
-        if impossible:
-            distrusted.append("times faster than the GPU can physically go:\n  " + "\n  ".join(impossible))
-            state.flag(integrity.Flag("impossible-speed", distrusted[-1]), scope="speed")
-        if distrusted:
-            return SpeedResult("flagged", "speed: no credit — the measurement cannot be trusted: "
-                               + "; ".join(distrusted), 0.0)
-        scored = credit.part_credit(part, measurement, recheck=recheck, thresholds=limits,
-                                    curve=thresholds.curve_for(self.curves, self.exercise.name, part.name))
-        if not scored.calibrated:
-            return SpeedResult(NEEDS_REGRADE, f"speed: not graded on this GPU ({measurement.gpu}): it has no "
-                               "calibrated thresholds (`grader calibrate` makes them); correctness is graded, speed "
-                               f"waits for a regrade on a calibrated GPU\n{scored.message}", rows=scored.rows)
-        drift = credit.baseline_drift(scored.rows, limits, part)
-        if drift is not None:
-            return SpeedResult(NEEDS_REGRADE, f"speed: not graded in this run: {drift}; it waits for a regrade\n"
-                               f"{scored.message}", rows=scored.rows, calibrated=True)
-        status = "failed" if measurement.error else "measured"
-        return SpeedResult(status, scored.message, scored.fraction, scored.rows, scored.calibrated,
-                           credit.roofline_of(limits))
+        verdict = credit.judge(part, measurement, recheck=recheck, thresholds=limits,
+                               curve=thresholds.curve_for(self.curves, self.exercise.name, part.name))
+        for rule, message in verdict.flags:
+            state.flag(integrity.Flag(rule, message), scope="speed")
+        return SpeedResult(verdict.status, verdict.message, verdict.fraction, verdict.rows, verdict.calibrated,
+                           verdict.roofline)
 
     # ------------------------------------------------------------------------------ assemble
 
@@ -252,11 +229,11 @@ class ExerciseJudge:
 
     def _no_speed(self, part: Part, reason: str | None = None) -> SpeedResult:
         if not part.speed_graded:
-            return SpeedResult("not graded", "this part is not speed-graded")
+            return SpeedResult(credit.NOT_GRADED, "this part is not speed-graded")
         if self.device != "cuda":
-            return SpeedResult("not measured", "not measured: speed points need a GPU (the kernels ran in the "
+            return SpeedResult(credit.NOT_MEASURED, "not measured: speed points need a GPU (the kernels ran in the "
                                                "Triton interpreter)")
-        return SpeedResult("not measured", reason or "not measured")
+        return SpeedResult(credit.NOT_MEASURED, reason or "not measured")
 
     def _part(self, part: Part, items: list[Item], run: Run) -> PartResult:
         state = self.parts[part.name]
@@ -302,7 +279,7 @@ class ExerciseJudge:
         if state.speed is not None:
             result.speed = state.speed
         elif speed_item is not None and speed_item.id in run.failed:
-            result.speed = SpeedResult("failed", f"speed measurement failed: {run.failed[speed_item.id]}", 0.0)
+            result.speed = SpeedResult(credit.FAILED, f"speed measurement failed: {run.failed[speed_item.id]}", 0.0)
         else:
             result.speed = self._no_speed(part)
         result.grader_errors = list(state.errors)

@@ -31,7 +31,7 @@ from grader.grading.results.results import (
     PartResult,
     SpeedResult,
 )
-from grader.speed import credit
+from grader.speed import credit, workload
 
 
 def grade_exercise(exercise: Exercise, root: Path, *, settings: RunSettings, scratch: Path,
@@ -60,7 +60,7 @@ def grade_exercise(exercise: Exercise, root: Path, *, settings: RunSettings, scr
         result.profile["plan"] = time.monotonic() - planned
         timed = [p for p in selected if any(i.kind == "speed" and i.part is p for i in items)]
         if timed and settings.device == "cuda":
-            credit.count_work_in_background(timed)  # CPU work overlapped with the worker's
+            workload.count_work_in_background(timed)  # CPU work overlapped with the worker's
         scratch.mkdir(parents=True, exist_ok=True)
         seen_root, seen_package = supervise.worker_view(settings, root)
         # the kernels' files as the worker reports them: under its view of the tree
@@ -132,8 +132,8 @@ def _time_speed(exercise, settings: RunSettings, to_time: list, *, scratch: Path
 
 def _unmeasured(part, settings: RunSettings) -> SpeedResult:
     if not part.speed_graded:
-        return SpeedResult("not graded", "this part is not speed-graded")
-    return SpeedResult("not measured", "not measured: not submitted")
+        return SpeedResult(credit.NOT_GRADED, "this part is not speed-graded")
+    return SpeedResult(credit.NOT_MEASURED, "not measured: not submitted")
 
 
 def _set_status(result: ExerciseResult) -> None:

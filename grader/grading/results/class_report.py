@@ -30,6 +30,7 @@ from grader.checks.text import positive_number as _num
 from grader.grading.results.reports import StudentReport
 from grader.grading.results.results import FAILED, ExerciseResult
 from grader.grading.results.scoring import LINE_REGRADE
+from grader.speed import credit
 
 TOP_CHECKS = 20
 BINS = 10
@@ -153,10 +154,10 @@ def _first_line(text: str, limit: int = 300) -> str:
 def _speed_rows(result: ExerciseResult):
     """(part, row) for every benchmark the grader timed and that may be ranked."""
     for part in result.parts:
-        if part.speed.status != "measured" or part.flags or part.needs_regrade:
+        if part.speed.status != credit.MEASURED or part.flags or part.needs_regrade:
             continue
         for row in part.speed.rows:
-            if isinstance(row.get("ratio"), int | float) and row["ratio"] > 0:
+            if isinstance(row.ratio, int | float) and row.ratio > 0:
                 yield part, row
 
 
@@ -265,8 +266,7 @@ def _ratios(students: list[StudentReport]) -> Ratios:
     for report in students:
         for _, result in report.exercises:
             for part, row in _speed_rows(result):
-                ratios[(result.exercise, part.name, str(row.get("label", "")))].append(
-                    (report.student, float(row["ratio"]), row))
+                ratios[(result.exercise, part.name, row.label)].append((report.student, float(row.ratio), row))
     return ratios
 
 
@@ -286,10 +286,10 @@ def _speed(ratios: Ratios, table: _Table) -> list[str]:
         ident = f"{exercise}.{part}.{label}"
         h.append(f'<tr><td>{_e(ident)}</td><td class="num">{st["n"]}</td><td class="num">{_f(st["min"])}</td>'
                  f'<td class="num" id="ratio-{_e(ident)}-median">{_f(st["median"])}</td><td class="num">'
-                 f'{_f(st["max"])}</td><td class="num">{_f(_num(sample.get("required_partial")))}</td>'
-                 f'<td class="num">{_f(_num(sample.get("required_full")))}</td></tr>')
-        strips.append(strip_svg(values, title=ident, full=_num(sample.get("required_full")),
-                                partial=_num(sample.get("required_partial"))))
+                 f'{_f(st["max"])}</td><td class="num">{_f(_num(sample.required_partial))}</td>'
+                 f'<td class="num">{_f(_num(sample.required_full))}</td></tr>')
+        strips.append(strip_svg(values, title=ident, full=_num(sample.required_full),
+                                partial=_num(sample.required_partial)))
         for student, value, _ in entries:
             table.add("speed_ratio", exercise, part, label, student, f"{value:.6g}")
     h.append(f'</table><div class="plots">{"".join(strips)}</div>')
@@ -308,7 +308,7 @@ def _leaderboard(students: list[StudentReport], ratios: Ratios, display_names: M
         mine, gpus = {}, set()
         for _, result in report.exercises:
             for part, row in _speed_rows(result):
-                mine[(result.exercise, part.name, str(row.get("label", "")))] = float(row["ratio"])
+                mine[(result.exercise, part.name, row.label)] = float(row.ratio)
                 gpus.add(str(result.device.get("name") or "?"))
         if everyone and set(mine) == everyone:
             geo = math.exp(statistics.fmean(math.log(v) for v in mine.values()))

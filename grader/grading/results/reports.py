@@ -30,7 +30,8 @@ from grader.checks.text import escape as _e
 from grader.grading.results import store
 from grader.grading.results.results import ExerciseResult, ungradable
 from grader.grading.results.scoring import LINE_REGRADE, ExerciseScore, round_points
-from grader.speed import roofline
+from grader.speed import credit, roofline
+from grader.speed.credit import BenchmarkCredit
 
 
 @dataclass
@@ -196,7 +197,7 @@ def markdown(report: StudentReport) -> str:
             rows = part.speed.rows
             if rows:
                 out += ["", f"**{part.name}: speed** — {part.speed.message}", "", *_speed_md(rows)]
-            elif part.speed.status != "not graded":
+            elif part.speed.status != credit.NOT_GRADED:
                 out += ["", f"{part.name}: speed {part.speed.message}"]
         if result.problems:
             out += ["", "**Problems while grading:**", "", _fence("\n\n".join(result.problems))]
@@ -234,10 +235,10 @@ def _cell(value: Any) -> str:
     return "" if value is None else str(value)
 
 
-def _speed_md(rows: list[dict]) -> list[str]:
+def _speed_md(rows: list[BenchmarkCredit]) -> list[str]:
     lines = ["| " + " | ".join(h for _, h in SPEED_COLUMNS) + " |", "|" + "---|" * len(SPEED_COLUMNS)]
     for row in rows:
-        lines.append("| " + " | ".join(_cell(row.get(k)) for k, _ in SPEED_COLUMNS) + " |")
+        lines.append("| " + " | ".join(_cell(getattr(row, k)) for k, _ in SPEED_COLUMNS) + " |")
     return lines
 
 
@@ -325,9 +326,9 @@ def render_html(report: StudentReport) -> str:
                 h.append(f"<h3>{_e(part.name)}: speed</h3><p>{_e(speed.message)}</p>")
                 h.append(_speed_html(rows))
                 gbps, tflops = roofline.peaks(speed.roofline)
-                h.append(roofline.roofline_svg(rows, title=f"{score.exercise} / {part.name}", peak_gbps=gbps,
-                                               peak_tflops=tflops))
-            elif speed.status != "not graded":
+                h.append(roofline.roofline_svg([r.to_dict() for r in rows], title=f"{score.exercise} / {part.name}",
+                                               peak_gbps=gbps, peak_tflops=tflops))
+            elif speed.status != credit.NOT_GRADED:
                 h.append(f'<p class="meta">{_e(part.name)}: speed {_e(speed.message)}</p>')
         if result.problems:
             h.append('<h3>Problems while grading</h3><pre class="problem">'
@@ -338,10 +339,10 @@ def render_html(report: StudentReport) -> str:
     return "\n".join(h)
 
 
-def _speed_html(rows: list[dict]) -> str:
+def _speed_html(rows: list[BenchmarkCredit]) -> str:
     out = ['<table class="speed"><tr>' + "".join(f"<th>{_e(hd)}</th>" for _, hd in SPEED_COLUMNS) + "</tr>"]
     for row in rows:
-        out.append("<tr>" + "".join(f'<td class="num">{_e(_cell(row.get(k)))}</td>' for k, _ in SPEED_COLUMNS)
+        out.append("<tr>" + "".join(f'<td class="num">{_e(_cell(getattr(row, k)))}</td>' for k, _ in SPEED_COLUMNS)
                    + "</tr>")
     out.append("</table>")
     return "".join(out)

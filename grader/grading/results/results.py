@@ -19,10 +19,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from grader.checks.compare import HINT_SUPPORT, hint_kind, layout_hint
+from grader.speed import credit
+from grader.speed.credit import NOT_GRADED, BenchmarkCredit
 
 PASSED, FAILED, SKIPPED, GRADER_ERROR = "passed", "failed", "skipped", "grader error"
-GRADED, NOT_IMPLEMENTED, NOT_SUBMITTED, ERROR, NEEDS_REGRADE = (
-    "graded", "not implemented", "not submitted", "error", "needs regrade")
+GRADED, NOT_IMPLEMENTED, NOT_SUBMITTED, ERROR = "graded", "not implemented", "not submitted", "error"
+NEEDS_REGRADE = credit.NEEDS_REGRADE  # a part, or its speed, waits for a regrade: one word for both
 
 UNREADABLE = "the submission could not be read: "  # an exercise result's message when nothing could be read
 
@@ -99,19 +101,19 @@ class CheckResult:
 
 @dataclass
 class SpeedResult:
-    status: str  # "measured" | "not measured" | "not graded" | "failed" | "flagged" | NEEDS_REGRADE
+    status: str  # one of grader.speed.credit's statuses: MEASURED, NOT_MEASURED, NOT_GRADED, FAILED, FLAGGED, ...
     message: str = ""
     fraction: float | None = None  # credit in [0, 1] where measured (0 where failed)
-    rows: list[dict[str, Any]] = field(default_factory=list)  # per benchmark, as grader.speed.credit makes them
+    rows: list[BenchmarkCredit] = field(default_factory=list)  # per benchmark
     calibrated: bool = False
     roofline: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "rows": [row.to_dict() for row in self.rows]}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SpeedResult:
-        return cls(**data)
+        return cls(**{**data, "rows": [BenchmarkCredit.from_dict(row) for row in data.get("rows", [])]})
 
 
 @dataclass
@@ -122,7 +124,7 @@ class PartResult:
     checks: list[CheckResult] = field(default_factory=list)
     # {"rule", "message", "scope"}: a "part" flag zeroes the part, a "speed" flag its speed credit
     flags: list[dict[str, str]] = field(default_factory=list)
-    speed: SpeedResult = field(default_factory=lambda: SpeedResult("not graded"))
+    speed: SpeedResult = field(default_factory=lambda: SpeedResult(NOT_GRADED))
     grader_errors: list[GraderError] = field(default_factory=list)
 
     def of_roles(self, *roles: str) -> list[CheckResult]:
