@@ -18,7 +18,7 @@ from grader.grading.exercise_run import plan
 from grader.grading.exercise_run.judging import ExerciseJudge
 from grader.grading.isolation import protocol
 from grader.grading.results.scoring import score_part
-from grader.speed import clocks, credit, limits, stats, tamper, timing
+from grader.speed import bench, clocks, credit, limits, stats, tamper, timing
 from grader.speed.measure import STUDENT, BenchmarkTiming, SpeedMeasurement
 from grader.speed.thresholds import Threshold, Thresholds
 from tests.fake_clock import FakeClock
@@ -184,6 +184,24 @@ def test_an_uncalibrated_gpu_or_a_drifting_baseline_waits_for_a_regrade(monkeypa
     assert state.speed.status == "needs regrade" and "not running as it was calibrated" in state.speed.message
     _, state = _judge_speed(_measurement(0.094, 0.0937), monkeypatch, _thresholds())
     assert state.speed.status == "measured" and state.speed.fraction == 1.0 and state.flags == {}
+
+
+def test_pytest_and_bench_apply_the_graders_trust_checks():
+    """``pytest -m speed`` and ``grader bench`` judge through credit.judge too: an impossible time earns no credit
+    there either (each asks without requiring calibration, as they always scored)."""
+    impossible = _measurement(1e-6, 1e-6)
+    for labels in (None, [FP32.label]):  # grader bench: the part; pytest: one benchmark
+        verdict = credit.judge(PART, impossible, recheck=credit.Verdict(True), thresholds=None, labels=labels,
+                               require_calibration=False)
+        assert verdict.status == credit.FLAGGED and verdict.fraction == 0.0
+        assert [rule for rule, _ in verdict.flags] == ["impossible-speed"]
+    honest = credit.judge(PART, _measurement(0.094, 0.0937), recheck=credit.Verdict(True), thresholds=None,
+                          labels=[FP32.label], require_calibration=False)
+    assert honest.status == credit.MEASURED and [r.label for r in honest.rows] == [FP32.label]
+    result = {"gpu": H100, "roofline": {"copy_gbps": 3000.0}, "baseline": "torch", "rows": impossible.benchmarks}
+    rows = bench.table_rows(result, PART, None)
+    yours = [r for r in rows if r["impl"] == "yours"]
+    assert yours and all(r["credit"] is None and "cannot be trusted" in r["flag"] for r in yours)
 
 
 def test_a_speed_measurement_travels_from_the_worker_to_the_judge(monkeypatch):
