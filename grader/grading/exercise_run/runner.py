@@ -18,7 +18,7 @@ from grader.checks import loader
 from grader.checks.spec import Exercise
 from grader.grading.config import RunSettings
 from grader.grading.exercise_run import plan as plan_mod
-from grader.grading.exercise_run import references, supervise, timer_process
+from grader.grading.exercise_run import references, supervise, timer_process, workers
 from grader.grading.exercise_run.judging import GRADER_FAULT, ExerciseJudge, grader_error
 from grader.grading.exercise_run.slots import Slot
 from grader.grading.results.results import (
@@ -62,7 +62,7 @@ def grade_exercise(exercise: Exercise, root: Path, *, settings: RunSettings, scr
         if timed and settings.device == "cuda":
             workload.count_work_in_background(timed)  # CPU work overlapped with the worker's
         scratch.mkdir(parents=True, exist_ok=True)
-        seen_root, seen_package = supervise.worker_view(settings, root)
+        seen_root, seen_package = workers.worker_view(settings, root)
         # the kernels' files as the worker reports them: under its view of the tree
         student_dir = os.path.join(seen_root, exercise.name) if settings.sandbox else os.path.realpath(path.parent)
         refs = references.CaseReferences(settings.references or references.local(settings.secret), exercise.name)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from grader.grading.config import RunSettings
-from grader.grading.exercise_run import supervise
+from grader.grading.exercise_run import workers
 from grader.grading.isolation import bwrap, processes
 from grader.grading.isolation.gpu_arbiter import GpuArbiter
 from grader.speed.measure import BenchmarkTiming, SpeedMeasurement
@@ -41,7 +41,7 @@ SETUP_S = 120.0  # start-up, loading the kernels, building launchers, validation
 TIMER_CACHE = "timer-triton-cache"
 OUTPUT_CAP = 1 << 20
 
-_BOOT = supervise.boot("grader.speed.timer")  # as the worker is started: only the grader package importable
+_BOOT = workers.boot("grader.speed.timer")  # as the worker is started: only the grader package importable
 
 
 class TimerFault(RuntimeError):
@@ -198,4 +198,4 @@ def _results(jobs: list[TimerJob], work: Path, outcome: processes.Outcome, limit
 
 def _lib(settings: RunSettings, work: Path) -> str:
     """Where the timer finds the grader package: the sandbox's bind, or a folder holding only a link to it."""
-    return bwrap.LIB if settings.sandbox is not None else str(supervise.package_link(work))
+    return bwrap.LIB if settings.sandbox is not None else str(workers.package_link(work))
