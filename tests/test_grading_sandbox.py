@@ -171,8 +171,8 @@ def test_channel_never_unpickles_arbitrary_objects(tmp_path, capfd):
 
 @pytest.mark.parametrize("value", [None, {"y": "not a tensor"}, [1, 2]])
 def test_malformed_execution_records_are_rejected(value):
-    from grader.grading.isolation import protocol
+    from grader.grading.isolation import protocol, wire
 
     data = {"outputs": value, "error_kind": None} if value is not None else None
     with pytest.raises(protocol.ProtocolError):
-        protocol.decode({"type": "case_done", "id": "x", "execution": data})
+        wire.decode({"type": "case_done", "id": "x", "execution": data})

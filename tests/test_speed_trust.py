@@ -16,7 +16,7 @@ import triton.testing
 from grader import exercises
 from grader.grading.exercise_run import plan
 from grader.grading.exercise_run.judging import ExerciseJudge
-from grader.grading.isolation import protocol
+from grader.grading.isolation import protocol, wire
 from grader.grading.results.scoring import score_part
 from grader.speed import bench, clocks, credit, limits, stats, tamper, timing
 from grader.speed.measure import STUDENT, BenchmarkTiming, SpeedMeasurement
@@ -243,9 +243,9 @@ def test_a_speed_measurement_travels_from_the_worker_to_the_judge(monkeypatch):
     recorded = SpeedMeasurement(H100, [BenchmarkTiming("n1024", warmup_s=0.5)], recheck=recheck,
                                 plans={"n1024": toy_plan()})
     buf = io.BytesIO()
-    torch.save(protocol.encode(protocol.SpeedDone(item.id, recorded)), buf)
+    torch.save(wire.encode(protocol.SpeedDone(item.id, recorded)), buf)
     buf.seek(0)
-    reply = protocol.decode(torch.load(buf, weights_only=True))
+    reply = wire.decode(torch.load(buf, weights_only=True))
     assert reply.measurement.plans == recorded.plans and reply.measurement.tampered == []
     assert torch.equal(reply.measurement.recheck.outputs["y"], recorded.recheck.outputs["y"])
     # what the trusted timer makes of it: the timing engine's row for the replayed call

@@ -20,7 +20,7 @@ from grader.checks.execute import Execution
 from grader.checks.spec import Tolerance
 from grader.grading.exercise_run.judging import ExerciseJudge, output_fingerprint
 from grader.grading.exercise_run.plan import Item
-from grader.grading.isolation import protocol
+from grader.grading.isolation import protocol, wire
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.int64, torch.bool]
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
@@ -63,9 +63,9 @@ def _worker_side(t: torch.Tensor) -> torch.Tensor:
     import io
 
     buf = io.BytesIO()
-    torch.save(protocol.encode(protocol.CaseDone("x", ex)), buf)
+    torch.save(wire.encode(protocol.CaseDone("x", ex)), buf)
     buf.seek(0)
-    reply = protocol.decode(torch.load(buf, weights_only=True))
+    reply = wire.decode(torch.load(buf, weights_only=True))
     assert isinstance(reply, protocol.CaseDone)
     return reply.execution.outputs["y"]
 

@@ -15,7 +15,7 @@ import torch
 
 from grader.grading.config import RunSettings
 from grader.grading.exercise_run import timer_process
-from grader.grading.isolation import protocol
+from grader.grading.isolation import protocol, wire
 from grader.speed import plan as plan_mod
 from grader.speed import timer, trusted
 from grader.speed.measure import BenchmarkTiming, SpeedMeasurement
@@ -146,9 +146,9 @@ def test_a_plan_survives_the_wire_and_a_forged_one_becomes_not_measurable():
     plan = toy_plan()
     assert LaunchPlan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan
     reply = protocol.SpeedDone("s", SpeedMeasurement("GPU", plans={"a": plan, "b": "why not", "c": toy_plan()}))
-    data = protocol.encode(reply)
+    data = wire.encode(reply)
     data["plans"]["c"]["steps"] = "not steps"
-    decoded = protocol.decode(data).measurement.plans
+    decoded = wire.decode(data).measurement.plans
     assert decoded["a"] == plan and decoded["b"] == "why not"
     assert decoded["c"].startswith("the recorded launches are malformed")
 

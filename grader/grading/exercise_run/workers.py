@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from grader.grading.config import RunSettings
-from grader.grading.isolation import bwrap, channel, processes, protocol
+from grader.grading.isolation import bwrap, channel, processes, protocol, wire
 from grader.grading.isolation.gpu_arbiter import GpuArbiter
 
 MB = 1 << 20
@@ -136,7 +136,7 @@ class Worker:
                     self._replies.put(None)
                     return
                 try:
-                    self._replies.put(protocol.decode(record, extra_fields=self.extra_fields))
+                    self._replies.put(wire.decode(record, extra_fields=self.extra_fields))
                 except protocol.ProtocolError as exc:
                     self._replies.put(exc)
                     return
@@ -151,7 +151,7 @@ class Worker:
             os.close(self._req_w)
 
     def send(self, message) -> None:
-        self._writes.put(protocol.encode(message))
+        self._writes.put(wire.encode(message))
 
     def waited(self) -> float:
         """Seconds this worker has spent waiting for the GPU (another process had it alone): not its own."""

@@ -144,16 +144,17 @@ def main(argv: list[str] | None = None) -> int:
     faulthandler.enable(file=sys.stderr)  # a segfault prints the Python stack to the captured stderr
 
     from grader.grading.isolation import protocol as p
+    from grader.grading.isolation import wire
     from grader.grading.isolation.channel import read_record, write_record
 
     requests = os.fdopen(args.requests_fd, "rb", buffering=0)
 
     def send(message) -> None:
-        write_record(args.fd, p.encode(message))
+        write_record(args.fd, wire.encode(message))
 
     def receive():
         record = read_record(requests)
-        return p.Finish() if record is None else p.decode(record)
+        return p.Finish() if record is None else wire.decode(record)
 
     send(p.Hello(os.getpid()))
     job = receive()
