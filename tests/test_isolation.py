@@ -547,18 +547,18 @@ def test_a_sandbox_that_does_not_start_is_a_grader_fault_never_the_students(tmp_
     assert "the worker did not start" in result.grader_errors[0].error
 
 
-@pytest.mark.parametrize("bwrap, problem", [
+@pytest.mark.parametrize("program, problem", [
     ("/nonexistent/bwrap", "is not a working bubblewrap"),
     ("/bin/echo", "is not a working bubblewrap"),
     ("fake", "the sandbox does not start: {fake} says: bwrap: setting up uid map: Permission denied — unprivileged "
              "user namespaces look disabled"),
 ])
-def test_the_check_says_what_is_wrong(bwrap, problem, tmp_path):
+def test_the_check_says_what_is_wrong(program, problem, tmp_path):
     fake = tmp_path / "bwrap"  # a bubblewrap where user namespaces are off
     fake.write_text("#!/bin/sh\n[ \"$1\" = --version ] && echo 'bubblewrap 0.8.0' && exit 0\n"
                     "echo 'bwrap: setting up uid map: Permission denied' >&2; exit 1\n")
     fake.chmod(0o755)
-    found = bwrap.check("cpu", bwrap=str(fake) if bwrap == "fake" else bwrap)
+    found = bwrap.check("cpu", bwrap=str(fake) if program == "fake" else program)
     assert found.sandbox is None and problem.format(fake=fake) in found.problem
 
 
@@ -617,7 +617,7 @@ def test_a_python_installed_under_tmp_is_seen_beside_the_scratch(tmp_path):
         import site
 
         path = os.pathsep.join([str(REPO), *site.getsitepackages()])  # this test's grader and torch
-        code = "from grader.grading import isolation; print(repr(bwrap.check('cpu').problem))"
+        code = "from grader.grading.isolation import bwrap; print(repr(bwrap.check('cpu').problem))"
         done = subprocess.run([str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True,
                               timeout=120, env={**os.environ, "PYTHONPATH": path})
         assert done.returncode == 0 and done.stdout.strip() == "''", done.stdout + done.stderr

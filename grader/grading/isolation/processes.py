@@ -32,7 +32,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from grader.grading.isolation import reaper
+from grader.grading.isolation import proctree, reaper
 
 POLL_S = 0.1
 WAIT_S = 10.0  # for a killed process to be reaped (it only takes longer in uninterruptible sleep)
@@ -159,8 +159,8 @@ class Process:
                 return
             # In a sandbox every process of the namespace descends from bwrap (orphans go to its init): walking
             # that tree reads a few files, where listing the namespace reads every process of the host.
-            pids = descendants(self.proc.pid) if self.pid_namespace else self._processes()
-            if rss(pids) > limit:
+            pids = proctree.descendants(self.proc.pid) if self.pid_namespace else self._processes()
+            if proctree.rss(pids) > limit:
                 self.memory_exceeded = True
                 self.kill()
                 return
@@ -171,13 +171,13 @@ class Process:
         may bwrap's pid, once reaped)."""
         with self._namespace_lock:  # the memory watch asks too
             if self.pid_namespace and self._namespace is None and self.proc.returncode is None:
-                own = _pid_namespace(os.getpid())
-                for child in _children(self.proc.pid):
+                own = proctree.pid_namespace(os.getpid())
+                for child in proctree.children(self.proc.pid):
                     try:
                         fd = os.open(f"/proc/{child}/ns/pid", os.O_RDONLY)
                     except OSError:
                         continue
-                    found = _pid_namespace_of_fd(fd)
+                    found = proctree.pid_namespace_of_fd(fd)
                     if found is not None and found != own:
                         self._namespace, self._namespace_fd = found, fd
                         break
@@ -188,15 +188,15 @@ class Process:
         """Every process of this run, the one started first included."""
         if self.pid_namespace:
             namespace = self.namespace()
-            return [self.proc.pid] + ([pid for pid, _ in namespace_members(namespace)] if namespace else [])
-        return _group_members(self.proc.pid)
+            return [self.proc.pid] + ([pid for pid, _ in proctree.namespace_members(namespace)] if namespace else [])
+        return proctree.group_members(self.proc.pid)
 
     def leftovers(self) -> list[int]:
         """The processes of this run besides the command itself (and bwrap's init, in a sandbox)."""
         if self.pid_namespace:
             namespace = self.namespace()
-            return [pid for pid, inner in namespace_members(namespace) if inner > 2] if namespace else []
-        members = [p for p in _group_members(self.proc.pid) if p != self.proc.pid]
+            return [pid for pid, inner in proctree.namespace_members(namespace) if inner > 2] if namespace else []
+        members = [p for p in proctree.group_members(self.proc.pid) if p != self.proc.pid]
         return members + [p for p in _token_holders(self.token or "") if p != self.proc.pid and p not in members]
 
     def kill_leftovers(self) -> int:
@@ -213,7 +213,7 @@ class Process:
         """SIGKILL the process and everything it started."""
         if self.pid_namespace:
             namespace = self.namespace()
-            members = [pid for pid, _ in namespace_members(namespace)] if namespace else []
+            members = [pid for pid, _ in proctree.namespace_members(namespace)] if namespace else []
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(self.proc.pid, signal.SIGKILL)  # bwrap: its init dies with it (--die-with-parent)
             for pid in members:  # and everything else of the namespace at once, not one after the other
@@ -243,7 +243,7 @@ class Process:
         exited = self.wait(WAIT_S)
         elapsed = time.monotonic() - self.start
         namespace, gone_by = self.namespace(), time.monotonic() + WAIT_S
-        while namespace and namespace_members(namespace) and time.monotonic() < gone_by:
+        while namespace and proctree.namespace_members(namespace) and time.monotonic() < gone_by:
             time.sleep(POLL_S / 5)  # SIGKILLed processes take a moment to go: none is left when this returns
         with self._namespace_lock:
             if self._namespace_fd is not None:
@@ -296,94 +296,6 @@ def _feed(stream, data: bytes) -> None:
         stream.close()
 
 
-def _group_members(pgid: int) -> list[int]:
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != b"Z":
-            pids.append(int(entry))
-    return pids
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(p) for p in f.read().split()]
-    except (OSError, ValueError):
-        return []
-
-
-def descendants(pid: int) -> list[int]:
-    """``pid`` and every live process below it (the children of each of their threads)."""
-    found, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        found.append(current)
-        try:
-            tasks = os.listdir(f"/proc/{current}/task")
-        except OSError:
-            continue
-        for task in tasks:
-            try:
-                with open(f"/proc/{current}/task/{task}/children") as f:
-                    todo.extend(int(p) for p in f.read().split())
-            except (OSError, ValueError):
-                continue
-    return found
-
-
-def _pid_namespace(pid: int) -> str | None:
-    try:
-        return os.readlink(f"/proc/{pid}/ns/pid")
-    except OSError:
-        return None
-
-
-def _pid_namespace_of_fd(fd: int) -> str | None:
-    try:
-        return os.readlink(f"/proc/self/fd/{fd}")
-    except OSError:
-        return None
-
-
-def namespace_members(namespace: str) -> list[tuple[int, int]]:
-    """(pid here, pid in the namespace) of every live process of the PID namespace ``namespace``."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or _pid_namespace(int(entry)) != namespace:
-            continue
-        try:
-            with open(f"/proc/{entry}/status") as f:
-                status = dict(line.split(":", 1) for line in f if ":" in line)
-        except OSError:
-            continue
-        if status.get("State", "").strip().startswith("Z"):
-            continue
-        inner = status.get("NSpid", entry).split()
-        found.append((int(entry), int(inner[-1])))
-    return found
-
-
-def rss(pids: list[int]) -> int:
-    """Resident bytes of ``pids``."""
-    total = 0
-    page = os.sysconf("SC_PAGE_SIZE")
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/statm", "rb") as f:
-                total += int(f.read().split()[1]) * page
-        except (OSError, IndexError, ValueError):
-            continue
-    return total
-
-
 def _token_holders(token: str) -> list[int]:
     return reaper.env_holders(TOKEN_VAR, token)
 
@@ -391,7 +303,7 @@ def _token_holders(token: str) -> list[int]:
 def kill_all(pgid: int, token: str) -> int:
     """SIGKILL the process group and every process carrying ``token``; returns how many besides the
     group leader were still alive."""
-    others = [p for p in _group_members(pgid) if p != pgid]
+    others = [p for p in proctree.group_members(pgid) if p != pgid]
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
     escaped = [p for p in _token_holders(token) if p != pgid and p not in others]
