@@ -18,7 +18,7 @@ from grader.grading.exercise_run import plan
 from grader.grading.exercise_run.judging import ExerciseJudge
 from grader.grading.isolation import protocol, wire
 from grader.grading.results.scoring import score_part
-from grader.speed import bench, clocks, credit, limits, stats, tamper, timing
+from grader.speed import bench, clocks, credit, gpu_limits, stats, tamper, timing
 from grader.speed.measure import STUDENT, BenchmarkTiming, SpeedMeasurement
 from grader.speed.thresholds import Threshold, Thresholds
 from tests.fake_clock import FakeClock
@@ -113,15 +113,15 @@ def test_the_timer_patching_fixture_is_caught_at_import(captured):
 
 
 def test_physical_limits():
-    h100 = limits.for_gpu(H100, None)
+    h100 = gpu_limits.for_gpu(H100, None)
     assert h100.source == "datasheet" and h100.bandwidth_gbps == 3350.0
-    floor = limits.floor_ms(h100, 2 * 4096 * 8192 * 4, None, "float32")
+    floor = gpu_limits.floor_ms(h100, 2 * 4096 * 8192 * 4, None, "float32")
     assert floor == pytest.approx(268435456 / 3350e9 * 1e3)
-    assert not limits.impossible(0.0937, floor)  # the reference: about 2.9 TB/s
-    assert limits.impossible(1e-6, floor)
-    unknown = limits.for_gpu("NVIDIA Z9000", None)
+    assert not gpu_limits.impossible(0.0937, floor)  # the reference: about 2.9 TB/s
+    assert gpu_limits.impossible(1e-6, floor)
+    unknown = gpu_limits.for_gpu("NVIDIA Z9000", None)
     assert unknown is None  # nothing known: nothing checked
-    measured = limits.for_gpu("NVIDIA Z9000", Thresholds("NVIDIA Z9000", {}, copy_gbps=1000.0))
+    measured = gpu_limits.for_gpu("NVIDIA Z9000", Thresholds("NVIDIA Z9000", {}, copy_gbps=1000.0))
     assert measured.source == "calibration" and measured.bandwidth_gbps == pytest.approx(1250.0)
 
 

@@ -23,7 +23,7 @@ import torch
 
 from grader.checks.spec import Part
 from grader.checks.verdicts import Verdict
-from grader.speed import limits as limits_mod
+from grader.speed import gpu_limits
 from grader.speed import thresholds as thresholds_mod
 from grader.speed.measure import STUDENT, BenchmarkTiming, SpeedMeasurement
 from grader.speed.thresholds import Threshold, Thresholds
@@ -280,8 +280,8 @@ DRIFT = 1.5  # a baseline slower or faster than this factor of its calibrated ti
 
 
 def impossible_times(part: Part, measurement: SpeedMeasurement, thresholds: Thresholds | None) -> list[str]:
-    """Times that beat the GPU's physical limits (:mod:`grader.speed.limits`): a forged or broken timer."""
-    limits = limits_mod.for_gpu(measurement.gpu, thresholds)
+    """Times that beat the GPU's physical limits (:mod:`grader.speed.gpu_limits`): a forged or broken timer."""
+    limits = gpu_limits.for_gpu(measurement.gpu, thresholds)
     if limits is None:
         return []
     found = []
@@ -290,9 +290,9 @@ def impossible_times(part: Part, measurement: SpeedMeasurement, thresholds: Thre
         if row.error or row.label not in benches:
             continue
         work = benchmark_work(part, benches[row.label])
-        floor = limits_mod.floor_ms(limits, work.bytes, work.flops, work.dtype)
+        floor = gpu_limits.floor_ms(limits, work.bytes, work.flops, work.dtype)
         for name, stats in row.times.items():
-            if limits_mod.impossible(stats.median, floor):
+            if gpu_limits.impossible(stats.median, floor):
                 who = "your kernel" if name == STUDENT else f"the baseline {name!r}"
                 found.append(f"{row.label}: {who} measured {fmt_ms(stats.median)}, but the work needs at least "
                              f"{fmt_ms(floor)} on {limits.gpu} (its {limits.source} limits: "

@@ -4,7 +4,7 @@ In the student's worker, :func:`capture_primitives` records, before any student 
 that timing goes through (CUDA events, synchronization, ``time.perf_counter``, ``do_bench``, the timing modules' own
 functions, the statistics), and :func:`tampered` names whatever was replaced or rewritten since: the grader turns a
 non-empty answer into the integrity flag ``timer-tampering``, and checks every time against the GPU's physical
-limits in its own process (:mod:`grader.speed.limits`). :class:`~grader.speed.clocks.CudaClock` uses the captured
+limits in its own process (:mod:`grader.speed.gpu_limits`). :class:`~grader.speed.clocks.CudaClock` uses the captured
 objects (:func:`primitive`).
 """
 
