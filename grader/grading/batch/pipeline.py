@@ -1,48 +1,37 @@
-"""The machinery of a grading batch (:mod:`grader.grading.commands.grade` drives it; a Slurm array task runs it too).
+"""The sequence every grading batch goes through, written once: :func:`run_batch` runs the :class:`Plan` a command
+supplies (:mod:`grader.grading.commands.grade`: local grading, Slurm submission, a regrade of errors;
+:mod:`grader.grading.commands.grade_task`: one Slurm array task).
 
-A batch is a list of tasks, one per (student, exercise). This module prepares the submissions, checks that
-the output folder holds this batch or none (:mod:`grader.grading.batch.resume`) and that nobody else is grading it,
-records the batch (``run.json``, each submission's record), lists the tasks left to grade, runs them on this
-machine's slots (:mod:`grader.grading.batch.scheduler`) committing each result as it comes
-(:mod:`grader.grading.batch.recorder`), and rebuilds the gradebook and the class report from the folder
-(:mod:`grader.grading.results.rebuild`).
-
-Its :class:`Workspace` holds the scratch directory and the batch's token; its reaper
-(:mod:`grader.grading.isolation.reaper`) kills the workers and removes the directory however the process ends, and
-SIGTERM stops the batch like Ctrl-C.
+The sequence: the batch's secret (:func:`batch_secret`), a scratch workspace and the shared context
+(:mod:`grader.grading.batch.context`); the submissions prepared; the folder checked to hold this batch or none
+(:mod:`grader.grading.batch.resume`) and nobody else grading it; the batch recorded (``run.json``, each submission's
+record); the tasks left, one per (student, exercise), run on this machine's slots
+(:mod:`grader.grading.batch.scheduler`) with each result committed as it comes (:mod:`grader.grading.batch.recorder`);
+the gradebook and the class report rebuilt from the folder (:mod:`grader.grading.results.rebuild`).
 """
 
 from __future__ import annotations
 
 import os
 import secrets
-import shutil
-import signal
 import sys
-import tempfile
-import threading
-from dataclasses import dataclass, replace
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from grader.checks.spec import Exercise
 from grader.grading import config
-from grader.grading.batch import gpus, markers, resume, slurm, submission
+from grader.grading.batch import gpus, markers, profiling, resume, slurm, submission
+from grader.grading.batch.context import Context, UsageError, Workspace, choose_sandbox, make_context
 from grader.grading.batch.progress import Progress
 from grader.grading.batch.recorder import Recorder
 from grader.grading.batch.scheduler import Scheduler, Task, estimate, static_estimate
-from grader.grading.exercise_run import references, runner
+from grader.grading.exercise_run import runner
 from grader.grading.exercise_run.slots import Slot
-from grader.grading.isolation import bwrap, processes, reaper
+from grader.grading.isolation import processes, reaper
 from grader.grading.results import rebuild, reports, store
 from grader.grading.results.results import ERROR, UNREADABLE, ExerciseResult
-
-
-class UsageError(Exception):
-    pass
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM: stop like Ctrl-C."""
 
 
 @dataclass
@@ -61,133 +50,98 @@ class Batch:
         return [f"{r.student}: {p}" for r in self.reports for p in r.regrade_parts()]
 
 
-@dataclass
-class Context:
-    """What every exercise run of a batch shares."""
-
-    out: Path
-    course: config.Course
-    all_exercises: tuple[Exercise, ...]
-    selected: tuple[Exercise, ...]
-    settings: config.RunSettings
-    device: str  # "cpu" | "cuda": where the tasks grade
-    description: str  # the device, for the reports
-    batch: str  # the token every worker of this process carries (the reaper's)
-    course_file: Path | None = None
-    sandbox_note: str = ""  # where student code runs, as every report says it
-    unsandboxed: bool = False  # the instructor opted out of the sandbox (a batch is never mixed)
-
-    @property
-    def names(self) -> list[str]:
-        return [e.name for e in self.selected]
-
-    def identity(self) -> dict:
-        """What run.json records of this run, and a resumed batch must share."""
-        s = self.settings
-        return {"device": self.description, "device_kind": self.device, "gpu": s.gpu_name, "exercises": self.names,
-                "random_cases": s.random_cases, "timeout_s": s.timeout_s, "call_timeout_s": s.call_timeout_s,
-                "memory_mb": s.memory_mb, "course": self.course.source,
-                "course_file": str(self.course_file) if self.course_file else None,
-                "course_fingerprint": self.course.fingerprint(), "course_decisions": self.course.decisions(),
-                "correctness": self.course.correctness, "sandbox": self.sandbox_note,
-                "unsandboxed": self.unsandboxed}
+class NotThisBatch(resume.Conflict):
+    """The folder holds a batch other than the recorded one this run joins."""
 
 
-class Workspace:
-    """The batch's private scratch directory and token; the reaper that kills its workers and removes the
-    directory however this process ends; SIGTERM handled like Ctrl-C."""
-
-    def __init__(self, keep: bool):
-        self.keep = keep
-
-    def __enter__(self) -> Workspace:
-        self.dir = Path(tempfile.mkdtemp(prefix="grader-"))
-        os.chmod(self.dir, 0o700)
-        self.token = secrets.token_hex(16)
-        self.reaper = reaper.Reaper(self.token, None if self.keep else str(self.dir))
-        self._previous = None
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, _terminate)
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
-        processes.kill_active()
-        self.reaper.close()
-        if self.keep:
-            print(f"scratch directory kept: {self.dir}", file=sys.stderr)
-        else:
-            shutil.rmtree(self.dir, ignore_errors=True)
+@dataclass(frozen=True)
+class Secret:
+    value: str
+    source: str  # "--secret", "$GRADER_SECRET" or the folder's file: what run.json records
+    new: bool = False  # generated now: written to the folder when the batch is opened
 
 
-def _terminate(signum, frame) -> None:
-    raise Terminated()
-
-
-def _select(all_exercises: tuple[Exercise, ...], names: tuple[str, ...]) -> tuple[Exercise, ...]:
-    if not names:
-        return all_exercises
-    known = {e.name: e for e in all_exercises}
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        raise UsageError(f"unknown exercise(s) {', '.join(unknown)} (known: {', '.join(known)})")
-    return tuple(e for e in all_exercises if e.name in names)
-
-
-def resolve_secret(options: config.GradeOptions, out: Path) -> tuple[str, str, bool]:
-    """The secret, where it came from, and whether it is new (to be written to the folder)."""
+def batch_secret(options: config.GradeOptions, out: Path, recorded: dict | None = None, *,
+                 folder_only: bool = False) -> Secret:
+    """The secret that seeds the batch's hidden cases: ``--secret``, else ``$GRADER_SECRET``, else the folder's file,
+    else (a batch opened now) a fresh one. Joining the batch ``recorded`` (its run.json) it must be that batch's;
+    ``folder_only`` (a Slurm task) reads only the folder's file, never the job's command or environment."""
+    if folder_only:
+        kept = store.read_secret(out)
+        if not kept or not _is_recorded(kept, recorded or {}):
+            raise UsageError(f"{out / store.SECRET_FILE} is missing or is not the batch's secret")
+        return Secret(kept, store.SECRET_FILE)
+    found = None
     if options.secret:
-        return options.secret, "--secret", False
-    if os.environ.get("GRADER_SECRET"):
-        return os.environ["GRADER_SECRET"], "$GRADER_SECRET", False
-    kept = store.read_secret(out)
-    if kept:
-        return kept, store.SECRET_FILE, False
-    return secrets.token_hex(16), store.SECRET_FILE, True
+        found = Secret(options.secret, "--secret")
+    elif os.environ.get("GRADER_SECRET"):
+        found = Secret(os.environ["GRADER_SECRET"], "$GRADER_SECRET")
+    elif kept := store.read_secret(out):
+        found = Secret(kept, store.SECRET_FILE)
+    if recorded is None:  # a batch opened now: open_batch checks it against what the folder holds
+        return found or Secret(secrets.token_hex(16), store.SECRET_FILE, new=True)
+    if found is None:
+        raise UsageError(f"{out}: the run's secret came from {recorded.get('secret')}: give it again "
+                         "(--secret or $GRADER_SECRET)")
+    if not _is_recorded(found.value, recorded):
+        raise UsageError(f"{out}: that is not the secret this run was graded with (it came from "
+                         f"{recorded.get('secret')})")
+    return found
 
 
-def choose_sandbox(options: config.GradeOptions, out: Path, workdir: Path, *,
-                   local: bool = True) -> tuple[bwrap.Sandbox | None, str]:
-    """The sandbox the workers run in and how the reports say so. Where none can be built, grading is refused
-    (UsageError) unless the instructor opted out with --unsandboxed. Not ``local`` (a Slurm batch submitted from
-    here): each task checks on the node it runs on."""
-    from grader.checks import runtime
-
-    if options.unsandboxed:
-        note = "WITHOUT a sandbox (the instructor passed --unsandboxed)"
-        print(f"grader grade: warning: grading {note}: student code reaches whatever this user can", file=sys.stderr)
-        return None, note
-    if not local:
-        return None, "in a bubblewrap sandbox on the nodes that ran it"
-    protected = [p for p in (out, workdir, bwrap.repository_root()) if p is not None]
-    found = bwrap.check(runtime.configure().device, protected=protected)
-    if found.sandbox is None:
-        raise UsageError(f"no sandbox for student code can be built here: {found.problem}. Fix that, or pass "
-                         "--unsandboxed to grade without one (said in run.json and in every report)")
-    return found.sandbox, f"in {found.sandbox.description}"
+def _is_recorded(secret: str, recorded: dict) -> bool:
+    return resume.secret_fingerprint(secret, recorded.get("secret_salt", "")) == recorded.get("secret_fingerprint")
 
 
-def make_context(out: Path, options: config.GradeOptions, *, secret: str, work: Workspace,
-                 device: str | None = None,
-                 sandbox: tuple[bwrap.Sandbox | None, str] = (None, "")) -> Context:
-    """``device``: where the tasks grade, when not here (a Slurm batch submitted from a login node);
-    ``sandbox``: from :func:`choose_sandbox`."""
-    from grader import exercises as registry
-    from grader.checks import runtime
+@dataclass
+class Plan:
+    """What a command supplies to :func:`run_batch`; the rest of the sequence is the same for all."""
 
-    mode = runtime.configure()
-    device = device or mode.device
-    all_ex = registry.all_exercises()
-    course = config.load_course(options.course, known=tuple(e.name for e in all_ex))
-    selected = _select(all_ex, options.exercises)
-    settings = config.resolve(options, course, device=device, secret=secret, workdir=work.dir,
-                              gpu_name=mode.gpu_name if device == mode.device else None, sandbox=sandbox[0])
-    settings = replace(settings, env={**settings.env, reaper.BATCH_VAR: work.token},
-                       references=references.ReferenceStore(out / store.REFERENCES, secret))
-    description = mode.description if device == mode.device else f"{device.upper()} through Slurm"
-    return Context(out, course, all_ex, selected, settings, device, description, work.token, options.course,
-                   sandbox_note=sandbox[1], unsandboxed=options.unsandboxed)
+    options: config.GradeOptions
+    secret: Secret
+    prepare: Callable[[Context, Path], list[submission.Submission]]  # the submissions, under the scratch directory
+    describe: Callable[[Context, list[submission.Submission], list[Task]], str]  # the progress line's title
+    title: str | None  # the summary's; None: a Slurm array task (its merge job writes the gradebook and summary)
+    joins: dict | None = None  # run.json of the recorded batch this run joins; None: the batch is opened now
+    hint: str = ""  # how to get past a conflict with the joined batch
+    only_previous: bool = False  # grade only tasks with a result already (a regrade)
+    exclusive: bool = True  # refuse a folder someone else grades (not an array task: its siblings grade it too)
+    device: str | None = None  # where the tasks grade, when not here (Slurm submitted from a login node)
+    elsewhere: Callable[[Context, list[Task], float], Batch] | None = None  # hands the tasks to Slurm instead
+
+
+def run_batch(out: Path, plan: Plan) -> Batch:
+    """Grade ``plan``'s submissions into ``out``. Usage problems raise UsageError, a folder holding another batch
+    resume.Conflict."""
+    options, start = plan.options, time.monotonic()
+    with Workspace(options.keep_work) as work:
+        sandbox = choose_sandbox(options, out, work.dir, local=plan.device is None)
+        if plan.joins is not None:  # the reports say where the batch ran, as recorded
+            sandbox = (sandbox[0], plan.joins.get("sandbox", sandbox[1]))
+        ctx = make_context(out, options, secret=plan.secret.value, work=work, device=plan.device, sandbox=sandbox)
+        if plan.joins is None:
+            subs = plan.prepare(ctx, work.dir)
+            check_idle(out)
+            open_batch(ctx, subs, plan.secret, options)
+        else:
+            problems = resume.conflicts(plan.joins, ctx.identity(), plan.secret.value)
+            if problems:
+                raise NotThisBatch(str(resume.refuse(out, problems, hint=plan.hint)))
+            if plan.exclusive:
+                check_idle(out)
+            subs = plan.prepare(ctx, work.dir)
+        tasks = pending_tasks(ctx, subs)
+        if plan.only_previous:
+            tasks = [t for t in tasks if t.previous is not None]
+        if plan.elsewhere is not None:
+            return plan.elsewhere(ctx, tasks, start)
+        gradebook = plan.title is not None
+        done, left = run_local(ctx, tasks, work, options, plan.describe(ctx, subs, tasks), gradebook=gradebook,
+                               students=store.students(out) if gradebook else [s.student for s in subs])
+        if plan.title is None:
+            return Batch(out, [], ctx.selected, time.monotonic() - start, ctx.description, graded=done,
+                         left=len(left))
+        return finish(ctx, time.monotonic() - start, plan.title, done, left)
 
 
 def check_paths(paths: list[str]) -> None:
@@ -266,10 +220,14 @@ def check_idle(out: Path) -> None:
     store.remove_temporary_files(out)
 
 
-def open_batch(ctx: Context, subs: list[submission.Submission], *, secret: str, secret_source: str,
-               new_secret: bool, options: config.GradeOptions) -> None:
-    """Check that the folder holds this batch or none, then record the batch and its submissions."""
+def open_batch(ctx: Context, subs: list[submission.Submission], secret: Secret, options: config.GradeOptions) -> None:
+    """Check that the folder holds this batch or none (``--fresh``: none, once cleared), then record the batch and
+    its submissions."""
     out = ctx.out
+    if options.fresh:
+        store.clear_results(out)
+        if secret.source != store.SECRET_FILE and store.read_secret(out) not in (None, secret.value):
+            (out / store.SECRET_FILE).unlink()  # another batch's secret: it would be mistaken for this one's
     hashes = {s.student: resume.content_hash(s) for s in subs}
     recorded = None
     if (out / store.RUN_FILE).exists():
@@ -278,10 +236,10 @@ def open_batch(ctx: Context, subs: list[submission.Submission], *, secret: str, 
         except (OSError, ValueError):
             raise resume.refuse(out, [f"its {store.RUN_FILE} cannot be read"]) from None
     if recorded:
-        if new_secret:
+        if secret.new:
             raise resume.refuse(out, [f"it was graded with a secret from {recorded.get('secret')}, and none was "
                                       "given now"], hint="give the same secret (--secret or $GRADER_SECRET)")
-        problems = resume.conflicts(recorded, ctx.identity(), secret)
+        problems = resume.conflicts(recorded, ctx.identity(), secret.value)
         if problems:
             raise resume.refuse(out, problems)
         changed = resume.changed_submissions(out, subs, hashes)
@@ -292,13 +250,13 @@ def open_batch(ctx: Context, subs: list[submission.Submission], *, secret: str, 
                                 "everything again, --fresh")
         for sub in changed:
             store.forget_student(out, sub.student)
-    if new_secret:
-        store.write_secret(out, secret)
+    if secret.new:
+        store.write_secret(out, secret.value)
     current = {**ctx.identity(), "submissions": {s.student: str(s.source.resolve()) for s in subs}}
     if not recorded:
         salt = secrets.token_hex(8)
-        current.update(secret=secret_source, secret_salt=salt,
-                       secret_fingerprint=resume.secret_fingerprint(secret, salt))
+        current.update(secret=secret.source, secret_salt=salt,
+                       secret_fingerprint=resume.secret_fingerprint(secret.value, salt))
     store.write_run(out, resume.merged_record(recorded, current, [e.name for e in ctx.all_exercises]))
     for sub in subs:
         store.save_submission(out, sub.student, {
@@ -369,7 +327,7 @@ def run_local(ctx: Context, tasks: list[Task], work: Workspace, options: config.
                         device=run.get("device", ctx.description), students=students, batch=ctx.batch,
                         gradebook=gradebook, progress=progress, profile=options.profile,
                         sandbox=run.get("sandbox", ctx.sandbox_note))
-    cpu_before = _host_cpu()
+    cpu_before = profiling.host_cpu()
     scheduler = Scheduler(slots, lambda task, slot: _grade_task(ctx, work, recorder, task, slot), recorder.commit,
                           probe=gpus.probe_slot, on_failure=recorder.gpu_failure)
     try:
@@ -382,46 +340,11 @@ def run_local(ctx: Context, tasks: list[Task], work: Workspace, options: config.
         progress.stop()
         recorder.close()
     if options.profile:
-        _batch_profile(progress, slots, submissions=len({t.student for t in tasks}), cpu_before=cpu_before)
+        profiling.report(progress, slots, submissions=len({t.student for t in tasks}), cpu_before=cpu_before)
     if outcome.left:
         print(f"grader grade: every slot failed ({'; '.join(s.failed or '' for s in slots)}); "
               f"{len(outcome.left)} exercise run(s) left ungraded", file=sys.stderr)
     return outcome.committed, outcome.left
-
-
-def _host_cpu() -> tuple[float, float] | None:
-    """(busy, total) CPU time of the whole host so far, in clock ticks (Linux's /proc/stat; None elsewhere)."""
-    try:
-        with open("/proc/stat") as stat:
-            fields = [float(x) for x in stat.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # idle + iowait
-    return sum(fields) - idle, sum(fields)
-
-
-def _batch_profile(progress: Progress, slots: list[Slot], *, submissions: int,
-                   cpu_before: tuple[float, float] | None = None) -> None:
-    """``grader grade --profile``: the batch's wall time, submissions per hour, and how long each GPU was held alone
-    (autotuning, recording and timed rounds) — the part of the work that cannot overlap."""
-    import time
-
-    wall = time.monotonic() - progress.started
-    lines = [f"batch profile: {submissions} submission(s), {progress.done} exercise run(s) in {wall:.1f} s wall"
-             + (f" ({submissions * 3600 / wall:.0f} submissions per hour)" if wall > 0 and submissions else "")]
-    cpu_after = _host_cpu()
-    if cpu_before is not None and cpu_after is not None and cpu_after[1] > cpu_before[1]:
-        busy = (cpu_after[0] - cpu_before[0]) / (cpu_after[1] - cpu_before[1])
-        lines.append(f"  host CPU busy {100 * busy:.0f}% of {os.cpu_count()} cores on average")
-    for slot in slots:
-        if slot.is_gpu:
-            arbiter = slot.arbiter
-            assert arbiter is not None
-            lines.append(f"  {slot.describe()}: {slot.capacity} run(s) at once; held alone {arbiter.alone_s:.1f} s "
-                         f"({100 * arbiter.alone_s / wall if wall > 0 else 0:.0f}% of the wall time) in "
-                         f"{arbiter.alone_count} turn(s); waiting for the others' GPU work before them "
-                         f"{arbiter.drain_s:.1f} s in all")
-    progress.note("\n".join(lines))
 
 
 def finish(ctx: Context, elapsed: float, title: str, done: int, left: list[Task]) -> Batch:

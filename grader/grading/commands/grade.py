@@ -27,7 +27,6 @@ command again); 5 a submission could not be read or held no exercise module (eac
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import sys
 import time
@@ -36,7 +35,8 @@ from pathlib import Path
 from grader.grading import config
 from grader.grading.batch import gpus, resume, slurm, submission
 from grader.grading.batch import pipeline as batch_mod
-from grader.grading.batch.pipeline import Batch, Terminated, UsageError
+from grader.grading.batch.context import Terminated, UsageError
+from grader.grading.batch.pipeline import Batch
 from grader.grading.batch.scheduler import Task
 from grader.grading.results import rebuild, store
 
@@ -165,17 +165,11 @@ def grade(paths: list[str], *, out: Path, options: config.GradeOptions, title: s
     UsageError, a folder holding another batch resume.Conflict."""
     batch_mod.check_paths(paths)
     out.mkdir(parents=True, exist_ok=True)
-    start = time.monotonic()
-    with batch_mod.Workspace(options.keep_work) as work:
-        secret, secret_source, new_secret = batch_mod.resolve_secret(options, out)
-        slurm_settings = None
-        if options.slurm is not None:
-            course = config.load_course(options.course)
-            slurm_settings = config.slurm_settings(course, options.slurm)
-        ctx = batch_mod.make_context(out, options, secret=secret, work=work,
-                                     device=slurm_settings.device if slurm_settings else None,
-                                     sandbox=batch_mod.choose_sandbox(options, out, work.dir,
-                                                                      local=slurm_settings is None))
+    secret = batch_mod.batch_secret(options, out)
+    settings = None if options.slurm is None else config.slurm_settings(config.load_course(options.course),
+                                                                        options.slurm)
+
+    def prepare(ctx: batch_mod.Context, workdir: Path) -> list[submission.Submission]:
         sources = submission.expand([Path(p) for p in paths], ctx.selected)
         if not sources:
             raise UsageError("no submissions to grade")
@@ -184,21 +178,19 @@ def grade(paths: list[str], *, out: Path, options: config.GradeOptions, title: s
                 submission.kind_of(path)
             except submission.SubmissionError as exc:
                 raise UsageError(str(exc)) from None
-        subs = batch_mod.prepare_all(sources, work.dir, ctx.selected, solutions_id)
-        batch_mod.check_idle(out)
-        if options.fresh:
-            store.clear_results(out)
-            if secret_source != store.SECRET_FILE and store.read_secret(out) not in (None, secret):
-                (out / store.SECRET_FILE).unlink()  # another batch's secret: it would be mistaken for this one's
-        batch_mod.open_batch(ctx, subs, secret=secret, secret_source=secret_source, new_secret=new_secret,
-                             options=options)
-        tasks = batch_mod.pending_tasks(ctx, subs)
-        if slurm_settings is not None:
-            return _submit(ctx, tasks, secret=secret, settings=slurm_settings, wait=options.wait, start=start)
-        description = (f"grading {len(tasks)} exercise run(s) of {len(subs)} submission(s) × {len(ctx.selected)} "
-                       f"exercise(s) on {ctx.device}" + _resumed_note(len(subs) * len(ctx.selected), len(tasks)))
-        done, left = batch_mod.run_local(ctx, tasks, work, options, description, students=store.students(out))
-        return batch_mod.finish(ctx, time.monotonic() - start, title, done, left)
+        return batch_mod.prepare_all(sources, workdir, ctx.selected, solutions_id)
+
+    def describe(ctx: batch_mod.Context, subs: list[submission.Submission], tasks: list[Task]) -> str:
+        return (f"grading {len(tasks)} exercise run(s) of {len(subs)} submission(s) × {len(ctx.selected)} "
+                f"exercise(s) on {ctx.device}" + _resumed_note(len(subs) * len(ctx.selected), len(tasks)))
+
+    def submit(ctx: batch_mod.Context, tasks: list[Task], start: float) -> Batch:
+        assert settings is not None
+        return _submit(ctx, tasks, secret=secret.value, settings=settings, wait=options.wait, start=start)
+
+    return batch_mod.run_batch(out, batch_mod.Plan(
+        options, secret, prepare, describe, title, device=settings.device if settings else None,
+        elsewhere=submit if settings else None))
 
 
 def _resumed_note(total: int, pending: int) -> str:
@@ -208,32 +200,19 @@ def _resumed_note(total: int, pending: int) -> str:
 def regrade_errors(out: Path, *, options: config.GradeOptions) -> Batch:
     """Run again exactly the parts of ``out`` that need a regrade, with the run's secret and settings."""
     recorded = batch_mod.recorded_run(out)
-    secret = options.secret or os.environ.get("GRADER_SECRET") or store.read_secret(out)
-    if not secret:
-        raise UsageError(f"{out}: the run's secret came from {recorded.get('secret')}: give it again "
-                         "(--secret or $GRADER_SECRET)")
-    if resume.secret_fingerprint(secret, recorded.get("secret_salt", "")) != recorded.get("secret_fingerprint"):
-        raise UsageError(f"{out}: that is not the secret this run was graded with (it came from "
-                         f"{recorded.get('secret')})")
+    secret = batch_mod.batch_secret(options, out, recorded)
     options = batch_mod.recorded_options(recorded, options)
-    start = time.monotonic()
-    with batch_mod.Workspace(options.keep_work) as work:
-        ctx = batch_mod.make_context(out, options, secret=secret, work=work,
-                                     sandbox=batch_mod.choose_sandbox(options, out, work.dir))
-        problems = resume.conflicts(recorded, ctx.identity(), secret)
-        if problems:
-            raise resume.refuse(out, problems, hint="regrade the whole batch instead (grader grade ... --fresh)")
-        batch_mod.check_idle(out)
-        subs = []
-        for i, student in enumerate(store.students(out)):
-            if not any(r.needs_regrade for r in store.load_exercises(out, student).values()):
-                continue
-            subs.append(batch_mod.reprepare(out, student, work.dir / f"sub{i}", ctx.selected))
-        tasks = [t for t in batch_mod.pending_tasks(ctx, subs) if t.previous is not None]
-        done, left = batch_mod.run_local(ctx, tasks, work, options,
-                                         f"regrading {len(tasks)} exercise run(s) on {ctx.device}",
-                                         students=store.students(out))
-        return batch_mod.finish(ctx, time.monotonic() - start, "Regrade", done, left)
+
+    def prepare(ctx: batch_mod.Context, workdir: Path) -> list[submission.Submission]:
+        """The students with a part that needs a regrade, their submissions prepared again."""
+        return [batch_mod.reprepare(out, student, workdir / f"sub{i}", ctx.selected)
+                for i, student in enumerate(store.students(out))
+                if any(r.needs_regrade for r in store.load_exercises(out, student).values())]
+
+    return batch_mod.run_batch(out, batch_mod.Plan(
+        options, secret, prepare, lambda ctx, subs, tasks: f"regrading {len(tasks)} exercise run(s) on {ctx.device}",
+        "Regrade", joins=recorded, hint="regrade the whole batch instead (grader grade ... --fresh)",
+        only_previous=True))
 
 
 # ------------------------------------------------------------------------------------------ Slurm

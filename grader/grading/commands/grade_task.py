@@ -47,34 +47,25 @@ def run_array_task(out: Path, tasks_file: Path, index: int) -> int:
     """One Slurm array task: grade one submission's unfinished exercises into ``out``, exactly as a local
     batch would (the secret from ``out``'s mode-600 file, the settings from run.json)."""
     out = out.resolve()
-    recorded = batch_mod.recorded_run(out)
-    entry = json.loads(tasks_file.read_text())["students"][index]
-    secret = store.read_secret(out)
-    fingerprint = resume.secret_fingerprint(secret or "", recorded.get("secret_salt", ""))
-    if not secret or fingerprint != recorded.get("secret_fingerprint"):
-        print(f"grader grade-task: {out / store.SECRET_FILE} is missing or is not the batch's secret", file=sys.stderr)
+    try:
+        recorded = batch_mod.recorded_run(out)
+        student = json.loads(tasks_file.read_text())["students"][index]["student"]
+        secret = batch_mod.batch_secret(config.GradeOptions(), out, recorded, folder_only=True)
+        cpus = os.environ.get("SLURM_CPUS_PER_TASK")  # on the CPU, as many workers as the task has CPUs
+        jobs = int(cpus) if cpus and cpus.isdigit() and recorded.get("device_kind") == "cpu" else None
+        options = batch_mod.recorded_options(recorded, config.GradeOptions(jobs=jobs, gpus="all"))
+        batch = batch_mod.run_batch(out, batch_mod.Plan(
+            options, secret, lambda ctx, workdir: [batch_mod.reprepare(out, student, workdir / "sub", ctx.selected)],
+            lambda ctx, subs, tasks: f"grading {student} (Slurm task {index})", None, joins=recorded,
+            exclusive=False))
+    except batch_mod.NotThisBatch as exc:
+        print(str(exc), file=sys.stderr)
         return 2
-    cpus = os.environ.get("SLURM_CPUS_PER_TASK")  # on the CPU, as many workers as the task has CPUs
-    jobs = int(cpus) if cpus and cpus.isdigit() and recorded.get("device_kind") == "cpu" else None
-    options = batch_mod.recorded_options(recorded, config.GradeOptions(jobs=jobs, gpus="all"))
-    with batch_mod.Workspace(False) as work:
-        try:
-            found = batch_mod.choose_sandbox(options, out, work.dir)
-        except batch_mod.UsageError as exc:
-            print(f"grader grade-task: {exc}", file=sys.stderr)
-            return 2
-        ctx = batch_mod.make_context(out, options, secret=secret, work=work, sandbox=(found[0], recorded.get(
-            "sandbox", found[1])))
-        problems = resume.conflicts(recorded, ctx.identity(), secret)
-        if problems:
-            print(str(resume.refuse(out, problems, hint="")), file=sys.stderr)
-            return 2
-        sub = batch_mod.reprepare(out, entry["student"], work.dir / "sub", ctx.selected)
-        tasks = batch_mod.pending_tasks(ctx, [sub])
-        _, left = batch_mod.run_local(ctx, tasks, work, options, f"grading {sub.student} (Slurm task {index})",
-                                      students=[sub.student], gradebook=False)
-    results = store.load_exercises(out, sub.student)
-    if left:
+    except batch_mod.UsageError as exc:
+        print(f"grader grade-task: {exc}", file=sys.stderr)
+        return 2
+    results = store.load_exercises(out, student)
+    if batch.left:
         return grade.EXIT_UNFINISHED
     return grade.EXIT_NEEDS_REGRADE if any(r.needs_regrade for r in results.values()) else 0
 

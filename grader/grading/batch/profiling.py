@@ -1,0 +1,42 @@
+"""``grader grade --profile``: the batch's wall time, submissions per hour, host CPU use, and each GPU's turns alone."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from grader.grading.batch.progress import Progress
+from grader.grading.exercise_run.slots import Slot
+
+
+def host_cpu() -> tuple[float, float] | None:
+    """(busy, total) CPU time of the whole host so far, in clock ticks (Linux's /proc/stat; None elsewhere)."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = [float(x) for x in stat.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def report(progress: Progress, slots: list[Slot], *, submissions: int,
+           cpu_before: tuple[float, float] | None = None) -> None:
+    """``grader grade --profile``: the batch's wall time, submissions per hour, and how long each GPU was held alone
+    (autotuning, recording and timed rounds) — the part of the work that cannot overlap."""
+    wall = time.monotonic() - progress.started
+    lines = [f"batch profile: {submissions} submission(s), {progress.done} exercise run(s) in {wall:.1f} s wall"
+             + (f" ({submissions * 3600 / wall:.0f} submissions per hour)" if wall > 0 and submissions else "")]
+    cpu_after = host_cpu()
+    if cpu_before is not None and cpu_after is not None and cpu_after[1] > cpu_before[1]:
+        busy = (cpu_after[0] - cpu_before[0]) / (cpu_after[1] - cpu_before[1])
+        lines.append(f"  host CPU busy {100 * busy:.0f}% of {os.cpu_count()} cores on average")
+    for slot in slots:
+        if slot.is_gpu:
+            arbiter = slot.arbiter
+            assert arbiter is not None
+            lines.append(f"  {slot.describe()}: {slot.capacity} run(s) at once; held alone {arbiter.alone_s:.1f} s "
+                         f"({100 * arbiter.alone_s / wall if wall > 0 else 0:.0f}% of the wall time) in "
+                         f"{arbiter.alone_count} turn(s); waiting for the others' GPU work before them "
+                         f"{arbiter.drain_s:.1f} s in all")
+    progress.note("\n".join(lines))
