@@ -20,6 +20,7 @@ from grader.grading.exercise_run import plan, runner
 from grader.grading.results import reports, scoring
 from grader.grading.results.results import CheckResult, ExerciseResult, PartResult, SpeedResult
 from grader.speed import roofline
+from grader.speed.credit import BenchmarkCredit
 
 ALL = exercises.all_exercises()
 GELU = exercises.get("gelu")
@@ -372,7 +373,8 @@ ROWS = [
 
 
 def _report(tmp_path) -> reports.StudentReport:
-    speed = SpeedResult("measured", "speed: 80% <b>not html</b>", 0.8, ROWS,
+    speed = SpeedResult("measured", "speed: 80% <b>not html</b>", 0.8,
+                        [BenchmarkCredit(**{"baseline": "torch", **row}) for row in ROWS],
                         roofline={"copy_gbps": 3000.0, "matmul_tflops": {"float16": 700.0}})
     result = _result(passed=(True, False), flags=[{"rule": "fresh-inputs", "message": "replayed <script>"}],
                      speed=speed)
