@@ -17,7 +17,7 @@ from grader.checks import loader
 from grader.grading import config
 from grader.grading.batch import submission
 from grader.grading.exercise_run import plan, runner
-from grader.grading.results import reports, scoring
+from grader.grading.results import reports, scoring, terminal
 from grader.grading.results.results import CheckResult, ExerciseResult, PartResult, SpeedResult
 from grader.speed import roofline
 from grader.speed.credit import BenchmarkCredit
@@ -327,7 +327,7 @@ def test_reports_say_which_points_a_cpu_cannot_award_and_why(tmp_path):
     from rich.console import Console
 
     console = Console(record=True, width=200)
-    console.print(reports.summary_table([report], ["gelu"]))
+    console.print(terminal.summary_table([report], ["gelu"]))
     text = " ".join(console.export_text().split())  # the caption wraps at the table's width
     assert "time (sum)" in text and "the batch's wall time follows the table" in text
     assert "33.33 speed points are not — speed is measured on a GPU only" in text

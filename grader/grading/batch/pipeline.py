@@ -30,7 +30,7 @@ from grader.grading.batch.scheduler import Scheduler, Task, estimate, static_est
 from grader.grading.exercise_run import runner
 from grader.grading.exercise_run.slots import Slot
 from grader.grading.isolation import processes, reaper
-from grader.grading.results import rebuild, reports, store
+from grader.grading.results import rebuild, reports, store, terminal
 from grader.grading.results.results import ERROR, UNREADABLE, ExerciseResult
 
 
@@ -362,7 +362,7 @@ def summary(ctx: Context, batch: Batch, title: str) -> None:
     if not console.is_terminal:
         console = Console(stderr=True, highlight=False, width=160)  # logs: no wrapping of the table
     names = list(store.read_run(ctx.out)["exercises"])
-    console.print(reports.summary_table(batch.reports, names, title=f"{title} ({batch.device})"))
+    console.print(terminal.summary_table(batch.reports, names, title=f"{title} ({batch.device})"))
     console.print(f"graded {batch.graded} exercise run(s) in {batch.elapsed_s:.1f} s ({ctx.settings.random_cases} "
                   f"random case(s) per part); class report: {ctx.out / store.CLASS_REPORT_HTML}")
     ungradable = [(r.student, r.ungradable) for r in batch.reports if r.ungradable]

@@ -13,6 +13,7 @@ from pathlib import Path
 from grader.grading import config
 from grader.grading.commands.grade import UsageError, add_common, exit_status, grade, options_from_args
 from grader.grading.results.results import NEEDS_REGRADE
+from grader.grading.results.scoring import points_text as _pts
 
 
 def default_solutions() -> Path:
@@ -54,9 +55,6 @@ def failures(batch) -> list[str]:
             problems.extend(f"{score.exercise}: {p.splitlines()[0]}" for p in result.problems)
     return problems
 
-
-def _pts(value: float) -> str:
-    return f"{round(value, 2):g}"
 
 
 def run(args: argparse.Namespace) -> int:

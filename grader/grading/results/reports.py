@@ -29,7 +29,8 @@ from typing import Any
 from grader.checks.text import escape as _e
 from grader.grading.results import store
 from grader.grading.results.results import ExerciseResult, ungradable
-from grader.grading.results.scoring import LINE_REGRADE, ExerciseScore, round_points
+from grader.grading.results.scoring import LINE_REGRADE, ExerciseScore
+from grader.grading.results.scoring import points_text as _pts
 from grader.speed import credit, roofline
 from grader.speed.credit import BenchmarkCredit
 
@@ -76,9 +77,6 @@ class StudentReport:
     def regrade_parts(self) -> list[str]:
         return [f"{r.exercise}/{name}" for _, r in self.exercises for name in r.regrade_parts()]
 
-
-def _pts(value: float) -> str:
-    return f"{round_points(value):g}"
 
 
 def _total(score: float, max_score: float, pending: float) -> str:
@@ -165,7 +163,7 @@ def markdown(report: StudentReport) -> str:
     out += ["| Exercise | Score | Status |", "|---|---:|---|"]
     for score, _ in report.exercises:
         out.append(f"| {score.exercise} | {_total(score.score, score.max_score, score.pending)} | "
-                   f"{_status_text(score)} |")
+                   f"{status_text(score)} |")
     for score, result in report.exercises:
         out += ["", f"## {score.exercise} — {score.title}: {_total(score.score, score.max_score, score.pending)}", ""]
         if score.status != "graded" and score.message:
@@ -216,7 +214,7 @@ def ran_on(result: ExerciseResult) -> str:
     return text
 
 
-def _status_text(score: ExerciseScore) -> str:
+def status_text(score: ExerciseScore) -> str:
     if score.pending > 0:
         return "needs regrade"
     if score.status == "graded":
@@ -281,7 +279,7 @@ def render_html(report: StudentReport) -> str:
     for score, _ in report.exercises:
         h.append(f'<tr><td><a href="#ex-{_e(score.exercise)}">{_e(score.exercise)}</a></td>'
                  f'<td class="num">{_e(_total(score.score, score.max_score, score.pending))}</td>'
-                 f"<td>{_e(_status_text(score))}</td></tr>")
+                 f"<td>{_e(status_text(score))}</td></tr>")
     h.append("</table>")
     for score, result in report.exercises:
         h.append(f'<section id="ex-{_e(score.exercise)}"><h2>{_e(score.exercise)} — {_e(score.title)}: '
@@ -359,7 +357,7 @@ def gradebook_csv(reports: list[StudentReport], exercise_names: list[str]) -> st
     for report in sorted(reports, key=lambda r: r.student):
         by_name = {s.exercise: s for s, _ in report.exercises}
         scores = [_pts(by_name[n].score) if n in by_name else "" for n in exercise_names]
-        statuses = [_status_text(by_name[n]) if n in by_name else "pending" for n in exercise_names]
+        statuses = [status_text(by_name[n]) if n in by_name else "pending" for n in exercise_names]
         problems = "; ".join(report.problems + [
             f"{s.exercise}: {r.problems[0].splitlines()[0]}" for s, r in report.exercises if r.problems
         ])
@@ -388,38 +386,3 @@ def write_student(out: Path, report: StudentReport) -> None:
     for _, result in report.exercises:
         if result.log:
             store.write_atomic(folder / "logs" / f"{result.exercise}.log", result.log)
-
-
-# ----------------------------------------------------------------------------------------- terminal
-
-
-def summary_table(reports: list[StudentReport], exercise_names: list[str], title: str = "Grades"):
-    from rich.table import Table
-
-    caption = ["time: a student's exercise runs added up (runs overlap: the batch's wall time follows the table)"]
-    missing = max((r.unavailable for r in reports), default=0.0)
-    if missing > 0:
-        reasons = sorted({u.reason for r in reports for s, _ in r.exercises for u in s.unavailable})
-        caption.append(f"total: out of the points available here; {_pts(missing)} speed points are not — "
-                       + "; ".join(reasons))
-    table = Table(title=title, caption="\n".join(caption))
-    table.add_column("student")
-    for name in exercise_names:
-        table.add_column(name, justify="right")
-    table.add_column("total", justify="right")
-    table.add_column("time (sum)", justify="right")
-    for report in sorted(reports, key=lambda r: r.student):
-        by_name = {s.exercise: s for s, _ in report.exercises}
-        cells = []
-        for name in exercise_names:
-            s = by_name.get(name)
-            if s is None:
-                cells.append("")
-                continue
-            full = s.score >= s.max_score - 1e-9 and s.max_score > 0
-            style = "blue" if s.pending > 0 else "green" if full else ("yellow" if s.score > 0 else "red")
-            note = "" if s.status == "graded" else f" ({_status_text(s)})"
-            cells.append(f"[{style}]{_pts(s.score)}/{_pts(s.max_score)}{note}[/]")
-        table.add_row(report.student, *cells, f"{_pts(report.score)}/{_pts(report.max_score)}",
-                      f"{report.elapsed_s:.0f} s")
-    return table

@@ -221,3 +221,8 @@ def score_exercise(exercise: Exercise, result: ExerciseResult, course: Course,
 
 def round_points(value: float) -> float:
     return round(value + 0.0, 2)
+
+
+def points_text(value: float) -> str:
+    """Points as reports print them: ``13.89``, ``100``, ``0``."""
+    return f"{round_points(value):g}"
