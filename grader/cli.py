@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # command -> (module, help); no help: a command the grader runs itself (not listed)
@@ -95,7 +96,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"grader: {exc}", file=sys.stderr)
         return 2
     args = _parser().parse_args(argv)
-    return int(args.module.run(args) or 0)
+    try:
+        return int(args.module.run(args) or 0)
+    except BrokenPipeError:  # the reader went away (`grader list | head`): nothing left to say, and no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's final flush must not fail again
+        return 0
 
 
 if __name__ == "__main__":

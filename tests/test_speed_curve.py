@@ -97,3 +97,20 @@ def test_pytest_speed_tests_take_the_course_files_curve(pytester: pytest.Pyteste
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "--grader-course:" in result.stderr.str()
     assert "[speed_curve] gelu.backward: not a speed-graded exercise or part" in result.stderr.str()
+
+
+def test_grader_list_into_a_pipe_closed_early_ends_quietly():
+    """``grader list | head -1``: the reader has gone away; the command ends without a traceback."""
+    import os
+    import subprocess
+    import sys
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # nobody reads: every write fails with a broken pipe
+    try:
+        code = "import sys; from grader import cli; sys.exit(cli.main(['list']))"
+        lister = subprocess.run([sys.executable, "-c", code], stdout=write_end, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    finally:
+        os.close(write_end)
+    assert lister.returncode == 0 and "Traceback" not in lister.stderr, lister.stderr
