@@ -21,6 +21,7 @@ COMMANDS = {
     "release": ("grader.release", "write the student release (no solutions, no hidden material)"),
     "calibrate": ("grader.speed.calibrate", "measure the references on this GPU and write its thresholds file"),
     "bench": ("grader.speed.bench", "benchmark an exercise against its baselines (table, optional plot)"),
+    "profile": ("grader.speed.profile", "the kernels one call launches: grids, bytes, GPU times, beside the reference"),
 }
 
 

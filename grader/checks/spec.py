@@ -159,6 +159,9 @@ class Part:
     baselines: Mapping[str, Callable[[Inputs], Any]] = field(default_factory=dict)
     speed_baseline: str | None = None
     speed_points: float = 0.0
+    # The computation as plain PyTorch ops, one kernel each (what torch.compile fuses), where no baseline already
+    # is: ``grader profile`` shows it beside the student's call, to count the round trips to memory fusion saves.
+    unfused: Callable[[Inputs], Any] | None = None
     exercise: Exercise | None = field(default=None, compare=False, repr=False)  # set by the Exercise
 
     @property

@@ -95,7 +95,9 @@ def speed_test(exercise: Exercise, part: Part):
             "baseline", "baseline_ms", "student_ms", "ratio", "required_full", "required_partial", "credit",
             "gbps", "tflops", "pct_roofline", "threshold")})
         if verdict.fraction < 1.0:
-            pytest.fail(f"{exercise.name} {part.name} is too slow — {verdict.message}", pytrace=False)
+            pytest.fail(f"{exercise.name} {part.name} is too slow — {verdict.message}\nwhere the time goes, kernel by "
+                        f"kernel: grader profile {exercise.name} --part {part.name} --benchmark {bench.label}",
+                        pytrace=False)
 
     test.__doc__ = (f"{exercise.title} ({part.name}): speed against {part.speed_baseline} on the GPU "
                     f"(pytest-benchmark table in device time)")

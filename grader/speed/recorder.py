@@ -35,7 +35,7 @@ from grader.checks.integrity import tensors_in
 from grader.speed.plan import Arg, Buffer, KernelImage, LaunchPlan, Step, View
 
 # Views, allocations and metadata queries: no data moves, nothing to replay.
-_NOTHING = frozenset(
+NO_WORK_OPS = frozenset(
     """
     empty empty_like empty_strided new_empty new_empty_strided empty_permuted lift_fresh
     view _unsafe_view reshape as_strided t transpose permute expand expand_as unsqueeze squeeze
@@ -147,7 +147,7 @@ class _Recording:
         for t in tensors_in(out if isinstance(out, tuple | list) else [out]):
             if t.device.type == "cuda" and t.untyped_storage().nbytes() and t.untyped_storage().data_ptr() not in given:
                 self.allocated(t)
-        if name in _NOTHING:
+        if name in NO_WORK_OPS:
             return
         if name == "copy_":
             dst, src = args[0], args[1]

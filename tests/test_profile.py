@@ -1,0 +1,105 @@
+"""``grader profile`` on the CPU: the launches of one call, for the references, a slowed fixture and PyTorch (the
+times need a GPU, and the command says so)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from grader import cli, exercises
+from grader.checks import loader, runtime
+from grader.speed import profile
+
+from .known_wrong import slowed
+
+ROOT = Path(__file__).resolve().parents[1]
+SOFTMAX = exercises.get("softmax")
+FORWARD = SOFTMAX.part("forward")
+
+
+def _module(root: Path, exercise=SOFTMAX):
+    return loader.load(root, exercise, tuple(f for p in exercise.parts for f in p.functions))
+
+
+def _three_passes():
+    fixture = next(f for f in slowed() if f.id == "softmax/three_passes")
+    return _module(fixture.root)
+
+
+def _profiles(module) -> dict[str, profile.CallProfile]:
+    _, profiles, skipped = profile.profile_part(FORWARD, module, _module(ROOT / "solutions"),
+                                                device=runtime.configure().device)
+    assert any(s.startswith("torch.compile:") for s in skipped)  # not on a CPU, and said why
+    return {p.candidate: p for p in profiles}
+
+
+def test_three_passes_launch_more_than_the_reference_and_unfused_pytorch_more_still():
+    slow = _profiles(_three_passes())
+    yours, reference, unfused = (slow[n].launches for n in (profile.YOURS, profile.REFERENCE, profile.UNFUSED))
+    assert [x.kind for x in reference] == ["triton"] and len(yours) == 3 and {x.kind for x in yours} == {"triton"}
+    assert len(unfused) > len(yours) > len(reference)
+    assert [x.name for x in unfused] == ["amax", "sub", "exp", "sum", "div"]
+    assert all(x.kind == "torch" and x.nbytes > 0 for x in unfused)
+    # the same kernel three times over the same tensors: launches 2 and 3 move again what launch 1 moved
+    assert [(i, j) for i, j, _ in profile.reread_bytes(yours)] == [(1, 0), (2, 0)]
+    assert all(nbytes == yours[0].nbytes for _, _, nbytes in profile.reread_bytes(yours))
+    words = profile.reading(list(slow.values()))
+    assert "your call launches 3 Triton kernels" in words
+    assert "the reference launches 1 kernel (2 fewer than yours)" in words
+    assert any("each of your 2 extra launches is another pass over memory" in w for w in words)
+    assert "torch (unfused) launches 5 kernels: fusing saves 2 round trips to global memory" in words
+    assert any(w.startswith("your launch 2 (") and "is handed again" in w for w in words)
+
+
+def test_the_reference_launches_one_kernel_per_row_block_and_moves_its_tensors_once():
+    ref = _profiles(_module(ROOT / "solutions"))
+    (launch,) = ref[profile.YOURS].launches
+    case, _ = profile.profile_case(FORWARD, "cpu", None)
+    x = FORWARD.make_inputs(case)["x"]
+    rows = x.numel() // x.shape[-1]
+    assert launch.grid is not None and launch.grid[0] == rows  # one program per row
+    assert launch.nbytes == 2 * x.numel() * x.element_size()  # x in, y out: nothing else handed to it
+    assert profile.reread_bytes(ref[profile.YOURS].launches) == []
+    assert "the reference launches 1 kernel (the same number)" in profile.reading(list(ref.values()))
+
+
+def test_a_stub_that_is_not_written_yet_is_said_so(capsys):
+    failed = _profiles(_module(ROOT / "assignments"))
+    assert failed[profile.YOURS].error and "NotImplementedError" in failed[profile.YOURS].error
+    assert profile.reading(list(failed.values()))[0].startswith("your call failed: NotImplementedError")
+
+
+def test_grader_profile_on_a_cpu_shows_the_launches_and_says_times_need_a_gpu(capsys, tmp_path):
+    assert cli.main(["profile", "softmax", "--impl", str(ROOT / "solutions")]) == 0
+    out = capsys.readouterr().out
+    assert "1 launch per call" in out and "_softmax" in out and "amax" in out
+    assert "times need a GPU" in out
+    assert cli.main(["profile", "softmax", "--trace", str(tmp_path / "t.json")]) == 2
+    assert "--trace needs a GPU" in capsys.readouterr().err
+    assert cli.main(["profile", "nope"]) == 2
+
+
+@pytest.mark.parametrize("name", [e.name for e in exercises.all_exercises()])
+def test_every_reference_profiles_on_the_cpu(name):
+    exercise = exercises.get(name)
+    module, reference = _module(ROOT / "solutions", exercise), None
+    for part in exercise.parts:
+        _, profiles, _ = profile.profile_part(part, module, reference, device="cpu")
+        yours = next(p for p in profiles if p.candidate == profile.YOURS)
+        assert yours.error is None and any(x.kind == "triton" for x in yours.launches), (part.name, yours.error)
+
+
+def test_the_matmul_epilogue_is_one_launch_where_pytorch_makes_two():
+    matmul = exercises.get("matmul")
+    part = matmul.parts[0]
+    case, name = profile.profile_case(part, "cpu", "4096³ bf16 + gelu")
+    assert case["activation"] == "gelu" and "like benchmark 4096³ bf16 + gelu" in name
+    _, profiles, _ = profile.profile_part(part, _module(ROOT / "solutions", matmul), None, device="cpu",
+                                          label="4096³ bf16 + gelu")
+    by_name = {p.candidate: p for p in profiles}
+    assert [x.kind for x in by_name[profile.YOURS].launches] == ["triton"]
+    assert [x.name for x in by_name["torch"].launches] == ["mm", "gelu"]
+    assert "torch launches 2 kernels: fusing saves 1 round trip to global memory" in profile.reading(profiles)
+    with pytest.raises(KeyError, match="has no benchmark nope"):
+        profile.profile_case(part, "cpu", "nope")
