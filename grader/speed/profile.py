@@ -47,7 +47,7 @@ CPU_NOTE = ("times need a GPU: here the kernels ran in the Triton interpreter, w
 class Launch:
     """One kernel launch of a call: a Triton kernel, or a PyTorch op (one or more kernels of its own on a GPU)."""
 
-    kind: str  # "triton" | "torch"
+    kind: str  # "triton" | "torch" | "kernel" (seen only by the GPU's profiler: no grid or bytes)
     name: str
     grid: tuple[int, ...] | None
     storages: dict[int, int] = field(default_factory=dict, repr=False)  # the tensors it was handed: address -> bytes
@@ -159,7 +159,7 @@ def _gpu_times(launches: list[Launch], kernels: list[tuple[str, float]]) -> None
     taken = [False] * len(kernels)
     for launch in launches:
         for i, (name, ms) in enumerate(kernels):
-            mine = name == launch.name if launch.kind == "triton" else name not in triton_names
+            mine = name == launch.name if launch.kind != "torch" else name not in triton_names
             if not taken[i] and mine:
                 taken[i], launch.ms = True, ms
                 break
@@ -185,6 +185,8 @@ def profile_call(name: str, call: Callable[[Any], Any], inputs: dict, *, device:
         result.launches = list(found)
         kernels = [(e.name, e.device_time / 1e3) for e in prof.events()
                    if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA and e.device_time > 0]
+        if not result.launches:  # launched past Triton's and PyTorch's dispatch (Inductor's own launcher): the GPU's
+            result.launches = [Launch("kernel", name, None, ms=ms) for name, ms in kernels]
         _gpu_times(result.launches, kernels)
         result.gpu_ms = sum(ms for _, ms in kernels)
         if trace is not None:
