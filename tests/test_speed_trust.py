@@ -261,3 +261,29 @@ def test_a_speed_measurement_travels_from_the_worker_to_the_judge(monkeypatch):
     assert state.speed.status == "measured" and state.speed.fraction == 1.0
     assert state.speed.rows[0].ratio == pytest.approx(2.0)
     assert judge.profile["speed: timed rounds"] > 0
+
+
+def test_a_slow_parts_report_names_the_kernels_its_call_launched():
+    """The worker's recorded plan says what one call launched: a part below full speed is told, kernel by kernel
+    (names cleaned: they come from the student's process); a fast one, and pytest's rows (no plan), are not."""
+    from dataclasses import replace
+
+    from tests.plans import toy_plan
+
+    plan = toy_plan()
+    plan.steps = [plan.steps[0]] * 3  # the same kernel three times over the tensor
+    plan.kernels = [replace(plan.kernels[0], name="_toy<b>kernel")]
+    slow = _measurement(0.3, 0.0937)
+    slow.plans = {b.label: plan for b in PART.benchmarks}
+    scored = credit.part_credit(PART, slow, recheck=credit.Verdict(True), thresholds=_thresholds())
+    assert scored.fraction < 1 and all(r.launches == ["_toybkernel"] * 3 for r in scored.rows)
+    assert "your call launches 3 kernels (_toybkernel ×3)" in scored.message and "<b>" not in scored.message
+    assert scored.rows[0].to_dict()["launches"] == ["_toybkernel"] * 3
+    fast = _measurement(0.094, 0.0937)
+    fast.plans = slow.plans
+    assert "your call launches" not in credit.part_credit(PART, fast, recheck=credit.Verdict(True),
+                                                          thresholds=_thresholds()).message
+    unrecorded = credit.part_credit(PART, _measurement(0.3, 0.0937), recheck=credit.Verdict(True),
+                                    thresholds=_thresholds())
+    assert unrecorded.rows[0].launches is None and "launches" not in unrecorded.rows[0].to_dict()
+    assert credit.launch_list(["a", "b", "a"]) == "3 kernels (a ×2, b)"

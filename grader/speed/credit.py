@@ -26,6 +26,7 @@ from grader.checks.verdicts import Verdict
 from grader.speed import gpu_limits
 from grader.speed import thresholds as thresholds_mod
 from grader.speed.measure import STUDENT, BenchmarkTiming, SpeedMeasurement
+from grader.speed.plan import LaunchPlan
 from grader.speed.thresholds import Threshold, Thresholds
 from grader.speed.trusted import REPLAY_MISMATCH
 from grader.speed.workload import Work, benchmark_work, roofline_numbers, roofline_of
@@ -119,12 +120,15 @@ class BenchmarkCredit:
     copy_ms: float | None = None  # a device copy of the same data
     mode: str | None = None  # "event" | "graph"
     rounds: int | None = None
+    launches: list[str] | None = None  # the kernels one call of the student's launched, in order (the grader's)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         if self.ratio is None:  # a row without a measurement carries no measurement details
             for key in _MEASURED_ONLY:
                 del data[key]
+        if self.launches is None:  # pytest and grader bench record none
+            del data["launches"]
         return data
 
     @classmethod
@@ -199,11 +203,31 @@ def row_message(r: BenchmarkCredit, roofline: dict[str, Any]) -> str:
         lines.append("    achieved: " + "; ".join(achieved))
     if r.copy_ms:
         lines.append(f"    a plain copy of the same data takes {fmt_ms(r.copy_ms)}")
+    if r.launches:
+        lines.append(f"    your call launches {launch_list(r.launches)}: each launch is a pass over its memory; "
+                     "`grader profile` shows them beside the reference's")
     hints = COMPUTE_HINTS if r.bound == "compute" else MEMORY_HINTS
     kind = "compute-bound" if r.bound == "compute" else "memory-bound"
     lines.append(f"    what usually causes the gap ({kind} kernel):")
     lines += [f"      - {h}" for h in hints]
     return "\n".join(lines)
+
+
+def launch_list(names: list[str], most: int = 6) -> str:
+    """``3 kernels (_row ×2, _sum)``: the count, then each kernel with how often it ran, in first-launch order."""
+    counts = dict.fromkeys(names, 0)
+    for name in names:
+        counts[name] += 1
+    each = [name if n == 1 else f"{name} ×{n}" for name, n in counts.items()]
+    shown = ", ".join(each[:most]) + (f", and {len(each) - most} more" if len(each) > most else "")
+    return f"{len(names)} kernel{'s' if len(names) != 1 else ''} ({shown})"
+
+
+def _kernel_name(plan: LaunchPlan, index: int) -> str:
+    """A recorded kernel's name as a report may show it (the plan comes from the student's process: only an
+    identifier's characters, at most 60)."""
+    name = plan.kernels[index].name if 0 <= index < len(plan.kernels) else "?"
+    return "".join(c for c in name if c.isalnum() or c in "_.")[:60] or "?"
 
 
 def calibration_note(gpu: str, rows: list[BenchmarkCredit], thresholds: Thresholds | None) -> str:
@@ -248,8 +272,12 @@ def part_credit(part: Part, measurement: SpeedMeasurement, *, recheck: Verdict,
         if wanted is not None and bench.label not in wanted:
             continue
         threshold, source = resolve_threshold(part, bench.label, thresholds, curve)
-        rows.append(benchmark_credit(measured.get(bench.label), bench.label, benchmark_work(part, bench),
-                                     threshold, source, roofline))
+        row = benchmark_credit(measured.get(bench.label), bench.label, benchmark_work(part, bench), threshold,
+                               source, roofline)
+        plan = measurement.plans.get(bench.label)
+        if isinstance(plan, LaunchPlan):  # recorded in the worker: what the call launched, kernel by kernel
+            row.launches = [_kernel_name(plan, step.kernel) for step in plan.steps if step.op == "launch"]
+        rows.append(row)
     scored = summarize(rows, roofline, measurement.gpu, thresholds, recheck)
     if curve is not None:
         scored.message += f"\nspeed curve (the course file's): {curve.describe(part.speed_baseline or 'the baseline')}"
