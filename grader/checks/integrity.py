@@ -24,8 +24,9 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -118,8 +119,10 @@ def _kernel_file(kernel) -> str:
 
 
 @contextlib.contextmanager
-def monitor() -> Iterator[Observation]:
-    """Record aten ops and Triton launches made inside the ``with`` block."""
+def launches_through(around: Callable[..., Any]) -> Iterator[None]:
+    """While the block runs, every Triton launch (``JITFunction.run``; ``InterpretedFunction.run`` in the
+    interpreter) goes through ``around(kernel, interpreted, launch, args, kwargs, grid, warmup)``, which calls
+    ``launch(*args, **kwargs)`` (the launch itself) and returns its result."""
     from triton.runtime.jit import JITFunction
 
     classes = [JITFunction]
@@ -127,37 +130,46 @@ def monitor() -> Iterator[Observation]:
         from triton.runtime.interpreter import InterpretedFunction
 
         classes.append(InterpretedFunction)
-
-    observation = Observation()
-    recorder = _OpRecorder(observation)
     originals = {cls: cls.__dict__["run"] for cls in classes if "run" in cls.__dict__}
 
     def wrap(cls, original):
         interpreted = cls is not JITFunction
 
         def run(self, *args, grid, warmup, **kwargs):
-            name = getattr(self.fn, "__name__", "?")
-            if not warmup:
-                observation.kernels.append((name, _kernel_file(self)))
-            recorder.paused += 1
-            try:
-                if interpreted and not warmup:
-                    launch = lambda *a, **k: original(self, *a, grid=grid, warmup=warmup, **k)
-                    return guard.guarded_launch(launch, name, self.arg_names, args, kwargs)
-                return original(self, *args, grid=grid, warmup=warmup, **kwargs)
-            finally:
-                recorder.paused -= 1
+            launch = lambda *a, **k: original(self, *a, grid=grid, warmup=warmup, **k)
+            return around(self, interpreted, launch, args, kwargs, grid, warmup)
 
         return run
 
     for cls, original in originals.items():
         cls.run = wrap(cls, original)
     try:
-        with recorder:
-            yield observation
+        yield
     finally:
         for cls, original in originals.items():
             cls.run = original
+
+
+@contextlib.contextmanager
+def monitor() -> Iterator[Observation]:
+    """Record aten ops and Triton launches made inside the ``with`` block."""
+    observation = Observation()
+    recorder = _OpRecorder(observation)
+
+    def around(kernel, interpreted, launch, args, kwargs, grid, warmup):
+        name = getattr(kernel.fn, "__name__", "?")
+        if not warmup:
+            observation.kernels.append((name, _kernel_file(kernel)))
+        recorder.paused += 1
+        try:
+            if interpreted and not warmup:
+                return guard.guarded_launch(launch, name, kernel.arg_names, args, kwargs)
+            return launch(*args, **kwargs)
+        finally:
+            recorder.paused -= 1
+
+    with launches_through(around), recorder:
+        yield observation
 
 
 def flags_for(

@@ -14,7 +14,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from grader.checks.execute import device_inputs
-from grader.checks.integrity import tensors_in
+from grader.checks.integrity import launches_through, tensors_in
 from grader.speed.recorder import NO_WORK_OPS
 
 
@@ -88,39 +88,22 @@ class _Ops(TorchDispatchMode):
 @contextlib.contextmanager
 def record() -> Iterator[list[Launch]]:
     """The launches made inside the ``with`` block, in order."""
-    from triton.runtime.jit import JITFunction
-
-    classes = [JITFunction]
-    with contextlib.suppress(ImportError):
-        from triton.runtime.interpreter import InterpretedFunction
-
-        classes.append(InterpretedFunction)
     found: list[Launch] = []
     ops = _Ops(found)
-    originals = {cls: cls.__dict__["run"] for cls in classes if "run" in cls.__dict__}
 
-    def wrap(original):
-        def run(self, *args, grid, warmup, **kwargs):
-            if not warmup:
-                found.append(Launch("triton", getattr(self.fn, "__name__", "?"),
-                                    _grid(grid, list(self.arg_names), args, kwargs),
-                                    _storages([*args, *kwargs.values()])))
-            ops.paused += 1  # what a launch does on the host (the interpreter's copies) is not the call's work
-            try:
-                return original(self, *args, grid=grid, warmup=warmup, **kwargs)
-            finally:
-                ops.paused -= 1
+    def around(kernel, interpreted, launch, args, kwargs, grid, warmup):
+        if not warmup:
+            found.append(Launch("triton", getattr(kernel.fn, "__name__", "?"),
+                                _grid(grid, list(kernel.arg_names), args, kwargs),
+                                _storages([*args, *kwargs.values()])))
+        ops.paused += 1  # what a launch does on the host (the interpreter's copies) is not the call's work
+        try:
+            return launch(*args, **kwargs)
+        finally:
+            ops.paused -= 1
 
-        return run
-
-    for cls, original in originals.items():
-        cls.run = wrap(original)
-    try:
-        with ops:
-            yield found
-    finally:
-        for cls, original in originals.items():
-            cls.run = original
+    with launches_through(around), ops:
+        yield found
 
 
 def _gpu_times(launches: list[Launch], kernels: list[tuple[str, float]]) -> None:
