@@ -4,12 +4,15 @@ times need a GPU, and the command says so)."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from grader import cli, exercises
 from grader.checks import loader, runtime
+from grader.speed import launches as launches_mod
 from grader.speed import profile
+from grader.speed.launches import Launch
 
 from .known_wrong import slowed
 
@@ -103,3 +106,21 @@ def test_the_matmul_epilogue_is_one_launch_where_pytorch_makes_two():
     assert "torch launches 2 kernels: fusing saves 1 round trip to global memory" in profile.reading(profiles)
     with pytest.raises(KeyError, match="has no benchmark nope"):
         profile.profile_case(part, "cpu", "nope")
+
+
+def _event(name: str, start: float, end: float, device_us: float = 0.0):
+    return SimpleNamespace(name=name, time_range=SimpleNamespace(start=start, end=end), device_time_total=device_us)
+
+
+def test_gpu_times_go_to_the_launch_that_ran_them():
+    """On a GPU each launch gets the time the profiler saw for it: a Triton launch the next kernel of its name, a
+    PyTorch op the device time of the next ``aten::`` event of its name (not one nested inside an earlier op)."""
+    launches = [Launch("torch", "_to_copy", None), Launch("triton", "_k", (4,)), Launch("torch", "copy_", None),
+                Launch("triton", "_k", (4,))]
+    timed = launches_mod._TimedCall(
+        kernels=[("elementwise_copy", 0.010), ("_k", 0.200), ("elementwise_copy", 0.030), ("_k", 0.300)],
+        ops=[_event("aten::_to_copy", 0, 10, 10.0), _event("aten::copy_", 2, 9, 10.0),  # nested in _to_copy
+             _event("aten::copy_", 20, 25, 30.0)])
+    assert launches_mod._launch_times(launches, timed) == [0.010, 0.200, 0.030, 0.300]
+    missing = launches_mod._launch_times([Launch("torch", "mm", None)], timed)
+    assert missing == [None]  # an op the profiler did not see has no time, rather than another op's

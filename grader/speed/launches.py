@@ -5,6 +5,7 @@ grid and the tensors it is handed) and every PyTorch op that does work, and on a
 from __future__ import annotations
 
 import contextlib
+import statistics
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,49 +107,129 @@ def record() -> Iterator[list[Launch]]:
         yield found
 
 
-def _gpu_times(launches: list[Launch], kernels: list[tuple[str, float]]) -> None:
-    """Give each launch the GPU time of its kernel, from the profiler's kernels in launch order: a Triton launch
-    takes the next kernel of its name; a PyTorch op the next kernel that is no Triton launch's (an op that launches
-    several shows the first; the total counts them all)."""
-    triton_names = {launch.name for launch in launches if launch.kind == "triton"}
-    taken = [False] * len(kernels)
-    for launch in launches:
-        for i, (name, ms) in enumerate(kernels):
-            mine = name == launch.name if launch.kind != "torch" else name not in triton_names
-            if not taken[i] and mine:
-                taken[i], launch.ms = True, ms
-                break
+PROFILED_CALLS = 5  # calls timed under the profiler: each launch shows its median over them
+CALL_MARK = "grader.profile.call"  # the profiler's range around each timed call
+
+
+@dataclass
+class _TimedCall:
+    """One call under the profiler: its GPU kernels (name, ms) in start order, and the PyTorch ops it ran on the
+    host (``aten::`` events, whose device time counts every kernel they launched)."""
+
+    kernels: list[tuple[str, float]]
+    ops: list[Any]
 
 
 def profile_call(name: str, call: Callable[[Any], Any], inputs: dict, *, device: str,
                  trace: Path | None = None) -> CallProfile:
-    """Warm ``call`` up on ``inputs``, then record the launches of one more call (timed on a GPU)."""
+    """Warm ``call`` up on ``inputs``, then record the launches of one more call; on a GPU, time
+    :data:`PROFILED_CALLS` more under ``torch.profiler``, each after the L2 cache is flushed (as ``grader bench``
+    times a call: a kernel reads its inputs from memory, not from the cache the previous call left)."""
     result = CallProfile(name)
     try:
         call(device_inputs(inputs, device))  # compiles and autotunes: not the call's own launches
-        fresh = device_inputs(inputs, device)
-        if device != "cuda":
-            with record() as found:
-                call(fresh)
-            result.launches = list(found)
-            return result
-        torch.cuda.synchronize()
-        activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-        with torch.profiler.profile(activities=activities) as prof, record() as found:
+        fresh = device_inputs(inputs, device)  # outside the recording: copying inputs is not the call's work
+        with record() as found:
             call(fresh)
-            torch.cuda.synchronize()
         result.launches = list(found)
-        kernels = [(e.name, e.device_time / 1e3) for e in prof.events()
-                   if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA and e.device_time > 0]
+        if device != "cuda":
+            return result
+        calls = _timed_calls(call, inputs, trace.with_name(f"{trace.stem}-{_slug(name)}{trace.suffix}")
+                             if trace is not None else None)
         if not result.launches:  # launched past Triton's and PyTorch's dispatch (Inductor's own launcher): the GPU's
-            result.launches = [Launch("kernel", name, None, ms=ms) for name, ms in kernels]
-        _gpu_times(result.launches, kernels)
-        result.gpu_ms = sum(ms for _, ms in kernels)
-        if trace is not None:
-            prof.export_chrome_trace(str(trace.with_name(f"{trace.stem}-{_slug(name)}{trace.suffix}")))
+            result.launches = [Launch("kernel", kernel, None) for kernel, _ in calls[0].kernels]
+        per_call = [_launch_times(result.launches, timed) for timed in calls]
+        for i, launch in enumerate(result.launches):
+            times = [ms[i] for ms in per_call if ms[i] is not None]
+            launch.ms = statistics.median(times) if times else None
+        result.gpu_ms = statistics.median(sum(ms for _, ms in timed.kernels) for timed in calls)
     except Exception as exc:  # the student's call (or a baseline) failed: that is the candidate's result
         result.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     return result
+
+
+def _timed_calls(call: Callable[[Any], Any], inputs: dict, trace: Path | None) -> list[_TimedCall]:
+    """:data:`PROFILED_CALLS` calls under the profiler, each after an L2 flush.
+
+    The profiler lists every kernel of the run in start order; the flush's own kernels (learnt by profiling a flush
+    alone) open each call's group, so a group is the flush's kernels followed by the call's. A call's PyTorch ops are
+    the ``aten::`` events inside its :data:`CALL_MARK` range."""
+    import triton
+
+    cache = triton.runtime.driver.active.get_empty_cache_for_benchmark()
+    flush = triton.runtime.driver.active.clear_cache
+    flush(cache)
+    torch.cuda.synchronize()
+    with _profiler() as prof:
+        flush(cache)
+        torch.cuda.synchronize()
+    per_flush = len(_kernels(prof.events()))
+    fresh = [device_inputs(inputs, "cuda") for _ in range(PROFILED_CALLS)]
+    torch.cuda.synchronize()
+    with _profiler() as prof:
+        for values in fresh:
+            flush(cache)
+            with torch.profiler.record_function(CALL_MARK):
+                call(values)
+        torch.cuda.synchronize()
+    if trace is not None:
+        prof.export_chrome_trace(str(trace))
+    events = list(prof.events())
+    kernels = _kernels(events)
+    size = len(kernels) // PROFILED_CALLS
+    if size * PROFILED_CALLS != len(kernels) or size <= per_flush:
+        raise RuntimeError(f"its {PROFILED_CALLS} profiled calls launched different kernels ({len(kernels)} in all): "
+                           "a call that depends on the previous one cannot be profiled call by call")
+    cpu = [e for e in events if getattr(e, "device_type", None) == torch.autograd.DeviceType.CPU]
+    marks = sorted((e for e in cpu if e.name == CALL_MARK), key=lambda e: e.time_range.start)
+    ops = sorted((e for e in cpu if e.name.startswith("aten::")), key=lambda e: e.time_range.start)
+    return [_TimedCall(kernels[i * size + per_flush:(i + 1) * size],
+                       [e for e in ops if mark.time_range.start <= e.time_range.start <= mark.time_range.end])
+            for i, mark in enumerate(marks[:PROFILED_CALLS])]
+
+
+def _launch_times(launches: list[Launch], timed: _TimedCall) -> list[float | None]:
+    """Each launch's GPU time in one timed call (None where it cannot be told):
+
+    * a Triton launch: the next kernel of its name;
+    * a PyTorch op: the next ``aten::`` event of its name that starts after the previous op's ended (so an op
+      nested inside an earlier one is not taken for a later one), with every kernel it launched (a cuBLAS matmul
+      may launch two);
+    * a kernel seen only by the profiler: the kernel in the same position."""
+    times: list[float | None] = []
+    used: set[int] = set()
+    cursor = float("-inf")
+    for position, launch in enumerate(launches):
+        ms = None
+        if launch.kind == "triton":
+            i = next((i for i, (name, _) in enumerate(timed.kernels) if name == launch.name and i not in used), None)
+            if i is not None:
+                used.add(i)
+                ms = timed.kernels[i][1]
+        elif launch.kind == "torch":
+            op = next((e for e in timed.ops if e.name == f"aten::{launch.name}" and e.time_range.start >= cursor),
+                      None)
+            if op is not None:
+                cursor = op.time_range.end
+                ms = op.device_time_total / 1e3
+        elif position < len(timed.kernels):
+            ms = timed.kernels[position][1]
+        times.append(ms)
+    return times
+
+
+def _profiler():
+    return torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                              torch.profiler.ProfilerActivity.CUDA])
+
+
+def _kernels(events) -> list[tuple[str, float]]:
+    """The GPU kernels among the profiler's ``events``, in start order: (name, ms); the GPU's copy of a range mark
+    is not a kernel."""
+    found = [e for e in events if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA
+             and e.device_time > 0 and e.name != CALL_MARK]
+    found.sort(key=lambda e: e.time_range.start)
+    return [(e.name, e.device_time / 1e3) for e in found]
 
 
 def _slug(text: str) -> str:

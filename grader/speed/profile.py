@@ -10,8 +10,9 @@ compiles and autotunes then), then once more while :func:`.launches.record` watc
 * every PyTorch op outside those launches that does work (views, allocations and metadata queries do none): on a
   GPU each is one kernel or more of its own, with its own round trip to memory.
 
-On a GPU the second call also runs under ``torch.profiler`` and each launch gets its GPU time (``--trace`` writes
-the profiler's Chrome/Perfetto trace). On a CPU the kernels run in the Triton interpreter, whose times say nothing
+On a GPU, :data:`.launches.PROFILED_CALLS` more calls run under ``torch.profiler``, each after an L2 flush as
+``grader bench`` times them, and each launch gets its median GPU time (``--trace`` writes the profiler's
+Chrome/Perfetto trace). On a CPU the kernels run in the Triton interpreter, whose times say nothing
 about a GPU: the launches, grids and bytes hold there, the times need a GPU. A short reading says in plain words
 what the tables show: how many launches each candidate makes, and which bytes a later kernel touches again.
 """
@@ -29,7 +30,7 @@ from grader.checks import loader, runtime
 from grader.checks.integrity import tensors_in
 from grader.checks.spec import Case, Exercise, Part
 from grader.checks.text import plural
-from grader.speed.launches import CallProfile, Launch, profile_call
+from grader.speed.launches import PROFILED_CALLS, CallProfile, Launch, profile_call
 
 YOURS, REFERENCE, UNFUSED = "yours", "reference", "torch (unfused)"
 CPU_MAX_ELEMENTS = 1 << 15  # the interpreter runs a case of this size in about a second
@@ -188,7 +189,8 @@ def render(title: str, case_name: str, profiles: list[CallProfile], skipped: lis
             time = f"{launch.ms * 1e3:.1f} µs" if launch.ms is not None else "–"
             table.add_row(str(n), launch.kind, launch.name, grid, size_text(launch.nbytes), time)
         if profile.gpu_ms is not None:
-            table.caption = f"the call's kernels: {profile.gpu_ms * 1e3:.1f} µs of GPU time in all"
+            table.caption = (f"the call's kernels: {profile.gpu_ms * 1e3:.1f} µs of GPU time in all (median of "
+                             f"{PROFILED_CALLS} calls, each after an L2 flush)")
         console.print(table)
     for line in skipped:
         console.print(f"  not profiled: {line}")
