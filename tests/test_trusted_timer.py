@@ -267,3 +267,22 @@ def test_every_cheat_is_a_right_gelu_where_nothing_is_timed(tmp_path):
         part = ExerciseResult.from_dict(json.loads(state.read_text())).parts[0]
         failed = [c.message for c in part.checks if c.status != PASSED]
         assert part.checks and not failed and not part.flags, f"{folder}: {failed} {part.flags}"
+
+
+def test_a_timer_started_ahead_waits_for_its_jobs_and_an_unused_one_is_stopped(tmp_path):
+    """The exercise's timer starts with its workers and gets ready (imports, its CUDA context) while they run; it
+    reads its jobs only once they are written, and a timer never given any is stopped with its folder."""
+    settings = _settings(tmp_path, device="cpu")
+    ahead = timer_process.Timer(settings, scratch=tmp_path / "a", arbiter=None)
+    try:
+        assert not ahead.process.wait(3.0)  # ready, and waiting: not ended, no result
+        assert not (ahead.work / "result.json").exists()
+        # the job, written now, is what it runs: here one for an exercise that does not exist
+        with pytest.raises(timer_process.TimerFault, match="unknown exercise 'nope'"):
+            ahead.run([timer.TimerJob("nope", "forward", 1.0, {"x": toy_plan()})])
+    finally:
+        ahead.close()
+    unused = timer_process.Timer(settings, scratch=tmp_path / "b", arbiter=None)
+    process, work = unused.process, unused.work
+    unused.close()
+    assert not process.alive() and not work.exists()

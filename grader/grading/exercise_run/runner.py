@@ -75,17 +75,22 @@ def grade_exercise(exercise: Exercise, root: Path, *, settings: RunSettings, scr
             return supervise.run(exercise, root, group, settings, scratch=scratch, cache_dir=cache_dir,
                                  on_reply=judge.on_reply, arbiter=arbiter, defer_speed=True, references=refs)
 
-        if len(groups) == 1:
-            run = run_group(groups[0])
-        else:  # each part in workers of its own, side by side: the exercise takes as long as its longest part
-            with concurrent.futures.ThreadPoolExecutor(len(groups), thread_name_prefix="part") as pool:
-                run = supervise.Run.merged(list(pool.map(run_group, groups)))
-        if run.to_time:  # every process of the student's has ended: one trusted timer times every part
-            timing = time.monotonic()
-            _time_speed(exercise, settings, run.to_time, scratch=scratch, arbiter=arbiter)
-            run.add_time("speed: trusted timer", time.monotonic() - timing)
-            for item, request, reply in run.to_time:
-                judge.on_reply(item, request, reply)
+        timer = _timer_ahead(settings, scratch, arbiter) if timed and settings.device == "cuda" else None
+        try:
+            if len(groups) == 1:
+                run = run_group(groups[0])
+            else:  # each group in workers of its own, side by side: the exercise takes as long as the longest
+                with concurrent.futures.ThreadPoolExecutor(len(groups), thread_name_prefix="part") as pool:
+                    run = supervise.Run.merged(list(pool.map(run_group, groups)))
+            if run.to_time:  # every process of the student's has ended: one trusted timer times every part
+                timing = time.monotonic()
+                _time_speed(exercise, settings, run.to_time, scratch=scratch, arbiter=arbiter, timer=timer)
+                run.add_time("speed: trusted timer", time.monotonic() - timing)
+                for item, request, reply in run.to_time:
+                    judge.on_reply(item, request, reply)
+        finally:
+            if timer is not None:
+                timer.close()
         result.counts.update({"references computed": refs.computed, "references reused": refs.reused})
         result.log = "\n".join(run.logs)
         result.problems = run.problems
@@ -109,22 +114,35 @@ def grade_exercise(exercise: Exercise, root: Path, *, settings: RunSettings, scr
 
 
 def _groups(items: list, settings: RunSettings) -> list[list]:
-    """The items in groups that run in workers of their own at once: one per part where ``parallel_parts`` is
-    set (on GPUs: compilation is per process, and a host has cores to spare), else one."""
+    """The items in groups that run in workers of their own at once: where ``parallel_parts`` is set (on GPUs:
+    compilation is per process, and a host has cores to spare), each part's correctness checks in one and its speed
+    measurement (which compiles the benchmarks' kernels, specialized, in a cache of its own) in another; else one.
+    The groups' order is the longest first: speed last within a part, as when it runs alone."""
     if not settings.parallel_parts:
         return [items]
-    by_part: dict[str, list] = {}
+    groups: dict[tuple[str, bool], list] = {}
     for item in items:
-        by_part.setdefault(item.part.name, []).append(item)
-    return list(by_part.values())
+        groups.setdefault((item.part.name, item.role == "speed"), []).append(item)
+    return list(groups.values())
 
 
-def _time_speed(exercise, settings: RunSettings, to_time: list, *, scratch: Path, arbiter) -> None:
-    """The speed items' recorded launches, timed by the trusted timer (:mod:`.timer_process`);
-    a failure of the grader's side leaves the part's ``timer_fault`` (its speed waits for a regrade)."""
+def _timer_ahead(settings: RunSettings, scratch: Path, arbiter) -> timer_process.Timer | None:
+    """The exercise's trusted timer, started now to be ready when the workers end (None where it could not start:
+    the timing starts one then, and says why if it fails again)."""
+    try:
+        return timer_process.Timer(settings, scratch=scratch, arbiter=arbiter)
+    except Exception:
+        return None
+
+
+def _time_speed(exercise, settings: RunSettings, to_time: list, *, scratch: Path, arbiter,
+                timer: timer_process.Timer | None = None) -> None:
+    """The speed items' recorded launches, timed by the trusted timer (:mod:`.timer_process`; ``timer``: one
+    started ahead); a failure of the grader's side leaves the part's ``timer_fault`` (its speed waits for a
+    regrade)."""
     parts = [timer_process.PartTiming(item.part.name, reply.measurement, item.budget_s) for item, _, reply in to_time]
     try:
-        timer_process.time_parts(settings, exercise.name, parts, scratch=scratch, arbiter=arbiter)
+        timer_process.time_parts(settings, exercise.name, parts, scratch=scratch, arbiter=arbiter, timer=timer)
     except Exception as exc:  # a bug of the grader's side: every part's speed waits for a regrade
         for entry in parts:
             entry.measurement.timer_fault = entry.measurement.timer_fault or f"{type(exc).__name__}: {exc}"
