@@ -7,6 +7,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from grader import cli, exercises
 from grader.checks import loader, runtime
@@ -124,3 +125,19 @@ def test_gpu_times_go_to_the_launch_that_ran_them():
     assert launches_mod._launch_times(launches, timed) == [0.010, 0.200, 0.030, 0.300]
     missing = launches_mod._launch_times([Launch("torch", "mm", None)], timed)
     assert missing == [None]  # an op the profiler did not see has no time, rather than another op's
+
+
+def test_a_descriptor_argument_counts_the_tensor_it_describes():
+    """A host-side TMA descriptor (Hopper's FlashAttention passes q, k, v that way) hands its kernel its tensor."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    x = torch.zeros(4, 16, 64)
+    desc = TensorDescriptor(x, list(x.shape), list(x.stride()), [1, 16, 64])
+    assert launches_mod._storages([desc]) == {x.untyped_storage().data_ptr(): x.nbytes}
+
+
+def test_kernels_that_overlap_show_the_calls_span_beside_their_sum():
+    overlapped = launches_mod.CallProfile("yours", gpu_ms=0.915, span_ms=0.817)
+    assert "spans 817.0 µs" in profile.gpu_caption(overlapped) and "915.5" not in profile.gpu_caption(overlapped)
+    serial = launches_mod.CallProfile("yours", gpu_ms=0.200, span_ms=0.199)
+    assert "spans" not in profile.gpu_caption(serial) and "200.0 µs of GPU time" in profile.gpu_caption(serial)

@@ -42,12 +42,16 @@ class CallProfile:
     candidate: str
     launches: list[Launch] = field(default_factory=list)
     error: str | None = None
-    gpu_ms: float | None = None  # every kernel of the call, on a GPU
+    gpu_ms: float | None = None  # every kernel of the call added up, on a GPU
+    span_ms: float | None = None  # from its first kernel's start to its last one's end (kernels on several
+    # streams overlap: then less than gpu_ms; what grader bench times)
 
 
 def _storages(values) -> dict[int, int]:
-    """Storage address -> bytes of the tensors among ``values``."""
+    """Storage address -> bytes of the tensors among ``values`` (a host-side TMA descriptor hands its kernel the
+    tensor it describes: its ``base``)."""
     found = {}
+    values = [getattr(v, "base", v) if type(v).__name__ == "TensorDescriptor" else v for v in values]
     for t in tensors_in(values):
         if t.device.type != "meta":
             storage = t.untyped_storage()
@@ -118,6 +122,7 @@ class _TimedCall:
 
     kernels: list[tuple[str, float]]
     ops: list[Any]
+    span_ms: float = 0.0  # first kernel's start to last kernel's end
 
 
 def profile_call(name: str, call: Callable[[Any], Any], inputs: dict, *, device: str,
@@ -143,6 +148,7 @@ def profile_call(name: str, call: Callable[[Any], Any], inputs: dict, *, device:
             times = [ms[i] for ms in per_call if ms[i] is not None]
             launch.ms = statistics.median(times) if times else None
         result.gpu_ms = statistics.median(sum(ms for _, ms in timed.kernels) for timed in calls)
+        result.span_ms = statistics.median(timed.span_ms for timed in calls)
     except Exception as exc:  # the student's call (or a baseline) failed: that is the candidate's result
         result.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     return result
@@ -163,7 +169,7 @@ def _timed_calls(call: Callable[[Any], Any], inputs: dict, trace: Path | None) -
     with _profiler() as prof:
         flush(cache)
         torch.cuda.synchronize()
-    per_flush = len(_kernels(prof.events()))
+    per_flush = len(_kernel_events(prof.events()))
     fresh = [device_inputs(inputs, "cuda") for _ in range(PROFILED_CALLS)]
     torch.cuda.synchronize()
     with _profiler() as prof:
@@ -175,7 +181,8 @@ def _timed_calls(call: Callable[[Any], Any], inputs: dict, trace: Path | None) -
     if trace is not None:
         prof.export_chrome_trace(str(trace))
     events = list(prof.events())
-    kernels = _kernels(events)
+    kernel_events = _kernel_events(events)
+    kernels = [(e.name, e.device_time / 1e3) for e in kernel_events]
     size = len(kernels) // PROFILED_CALLS
     if size * PROFILED_CALLS != len(kernels) or size <= per_flush:
         raise RuntimeError(f"its {PROFILED_CALLS} profiled calls launched different kernels ({len(kernels)} in all): "
@@ -183,9 +190,14 @@ def _timed_calls(call: Callable[[Any], Any], inputs: dict, trace: Path | None) -
     cpu = [e for e in events if getattr(e, "device_type", None) == torch.autograd.DeviceType.CPU]
     marks = sorted((e for e in cpu if e.name == CALL_MARK), key=lambda e: e.time_range.start)
     ops = sorted((e for e in cpu if e.name.startswith("aten::")), key=lambda e: e.time_range.start)
-    return [_TimedCall(kernels[i * size + per_flush:(i + 1) * size],
-                       [e for e in ops if mark.time_range.start <= e.time_range.start <= mark.time_range.end])
-            for i, mark in enumerate(marks[:PROFILED_CALLS])]
+    calls = []
+    for i, mark in enumerate(marks[:PROFILED_CALLS]):
+        mine = kernel_events[i * size + per_flush:(i + 1) * size]
+        span_ms = (max(e.time_range.end for e in mine) - min(e.time_range.start for e in mine)) / 1e3
+        calls.append(_TimedCall(kernels[i * size + per_flush:(i + 1) * size],
+                                [e for e in ops if mark.time_range.start <= e.time_range.start <= mark.time_range.end],
+                                span_ms))
+    return calls
 
 
 def _launch_times(launches: list[Launch], timed: _TimedCall) -> list[float | None]:
@@ -223,13 +235,13 @@ def _profiler():
                                               torch.profiler.ProfilerActivity.CUDA])
 
 
-def _kernels(events) -> list[tuple[str, float]]:
-    """The GPU kernels among the profiler's ``events``, in start order: (name, ms); the GPU's copy of a range mark
-    is not a kernel."""
+def _kernel_events(events) -> list[Any]:
+    """The GPU kernels among the profiler's ``events``, in start order; the GPU's copy of a range mark is not a
+    kernel."""
     found = [e for e in events if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA
              and e.device_time > 0 and e.name != CALL_MARK]
     found.sort(key=lambda e: e.time_range.start)
-    return [(e.name, e.device_time / 1e3) for e in found]
+    return found
 
 
 def _slug(text: str) -> str:

@@ -168,6 +168,16 @@ def reading(profiles: list[CallProfile]) -> list[str]:
 # ------------------------------------------------------------------------------------------------- the command
 
 
+def gpu_caption(profile: CallProfile) -> str:
+    """The call's GPU time under its table: the kernels added up, and the call's span where kernels on several
+    streams overlapped (the span is what ``grader bench`` times)."""
+    text = f"the call's kernels: {profile.gpu_ms * 1e3:.1f} µs of GPU time in all"
+    if profile.span_ms is not None and profile.span_ms < 0.98 * profile.gpu_ms:
+        text += (f"; the call spans {profile.span_ms * 1e3:.1f} µs on the GPU: its kernels overlap (run on "
+                 "several streams at once)")
+    return text + f" (median of {PROFILED_CALLS} calls, each after an L2 flush)"
+
+
 def render(title: str, case_name: str, profiles: list[CallProfile], skipped: list[str], *, device: str,
            console=None) -> None:
     from rich.console import Console
@@ -189,8 +199,7 @@ def render(title: str, case_name: str, profiles: list[CallProfile], skipped: lis
             time = f"{launch.ms * 1e3:.1f} µs" if launch.ms is not None else "–"
             table.add_row(str(n), launch.kind, launch.name, grid, size_text(launch.nbytes), time)
         if profile.gpu_ms is not None:
-            table.caption = (f"the call's kernels: {profile.gpu_ms * 1e3:.1f} µs of GPU time in all (median of "
-                             f"{PROFILED_CALLS} calls, each after an L2 flush)")
+            table.caption = gpu_caption(profile)
         console.print(table)
     for line in skipped:
         console.print(f"  not profiled: {line}")
