@@ -22,6 +22,9 @@ COMMANDS = {
     "calibrate": ("grader.speed.calibrate", "measure the references on this GPU and write its thresholds file"),
     "bench": ("grader.speed.bench", "benchmark an exercise against its baselines (table, optional plot)"),
     "profile": ("grader.speed.profile", "the kernels one call launches: grids, bytes, GPU times, beside the reference"),
+    "serve": ("grader.serve.cli", "run the grading server students submit to during the term; its roster"),
+    "submit": ("grader.serve.submit_cli", "hand in to the course's grading server (grader serve)"),
+    "results": ("grader.serve.results_cli", "your submissions to the course's grading server, and their reports"),
 }
 
 

@@ -41,7 +41,11 @@ import grader
 
 REPO = Path(grader.__file__).resolve().parent.parent
 # Instructor tooling, not needed by students.
-STAFF_ONLY = ("grader/grading", "grader/release.py", "grader/speed/calibrate.py")
+# grader serve's server stays with the staff; a release keeps its client: grader submit and grader results
+SERVE_CLIENT = ("__init__.py", "client.py", "submit_cli.py", "results_cli.py")
+STAFF_ONLY = ("grader/grading", "grader/release.py", "grader/speed/calibrate.py",
+              *sorted(f"grader/serve/{p.name}" for p in (Path(__file__).resolve().parent / "serve").glob("*.py")
+                      if p.name not in SERVE_CLIENT))
 _SKIP_NAMES = {"__pycache__", ".pytest_cache", ".hypothesis", ".benchmarks", ".ipynb_checkpoints"}
 MIN_AUDIT_LINE = 24  # shorter lines (imports, "return y") are not evidence of a leak
 

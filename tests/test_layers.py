@@ -1,8 +1,8 @@
-"""The grader's folders are layers: checks ← exercises ← speed ← (pytest_plugin, grading, release) ← cli. A module
-imports from its own folder and from folders to its left, never to its right; pytest_plugin and grading
-never import each other (what both need lives lower). Inside grading the wings are layers too:
-isolation ← config ← results ← exercise_run ← batch ← commands (config is a module; its type-only imports of
-higher wings do not count)."""
+"""The grader's folders are layers: checks ← exercises ← speed ← (pytest_plugin, grading, release) ← serve ← cli.
+A module imports from its own folder and from folders to its left, never to its right; pytest_plugin and grading
+never import each other (what both need lives lower); serve, the grading server, builds on grading. Inside grading
+the wings are layers too: isolation ← config ← results ← exercise_run ← batch ← commands (config is a module; its
+type-only imports of higher wings do not count)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 GRADER = Path(__file__).resolve().parents[1] / "grader"
-LAYER = {"checks": 0, "exercises": 1, "speed": 2, "pytest_plugin": 3, "grading": 3, "release": 3, "cli": 4}
+LAYER = {"checks": 0, "exercises": 1, "speed": 2, "pytest_plugin": 3, "grading": 3, "release": 3, "serve": 4,
+         "cli": 5}
 WING = {"isolation": 0, "config": 1, "results": 2, "exercise_run": 3, "batch": 4, "commands": 5}
 
 

@@ -117,10 +117,11 @@ def load_course(path: str | Path | None = None, *, known: tuple[str, ...] | None
         if not path.is_file():
             raise CourseError(f"{path}: no such course file")
         overlay = _read(path)
-        unknown_tables = sorted(set(overlay) - {"course", "weights", "grading", "slurm", "speed_curve"})
+        # [serve] is grader serve's (grader.serve.policy reads and checks it); the engine grades without it
+        unknown_tables = sorted(set(overlay) - {"course", "weights", "grading", "slurm", "speed_curve", "serve"})
         if unknown_tables:
             raise CourseError(f"{path}: unknown table(s) {', '.join(unknown_tables)} "
-                              "(known: course, weights, grading, slurm, speed_curve)")
+                              "(known: course, weights, grading, slurm, speed_curve, serve)")
         for table, values in overlay.items():
             if not isinstance(values, dict):
                 raise CourseError(f"{path}: [{table}] must be a table")

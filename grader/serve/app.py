@@ -1,0 +1,368 @@
+"""The ASGI app: the web pages (a session cookie after logging in with the token) and the JSON API (the token as
+``Authorization: Bearer``), over one :class:`Service`.
+
+Authorization is checked on every route through :func:`_who` (who is asking) and :func:`_visible` (may they see
+this submission): a student sees only their own submissions, the instructor sees all; the roster and the class's
+results are the instructor's only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.routing import Route
+
+from grader.checks.spec import Exercise
+from grader.grading.config import Course
+from grader.serve import gradebook, intake, leaderboard, outcome, pages, queue, storage, tokens
+from grader.serve.backend import Backend
+from grader.serve.db import Database
+from grader.serve.policy import Policy
+from grader.serve.records import RUNNING, Principal, Submission
+from grader.serve.worker import Pool
+
+COOKIE = "grader_session"
+REPORT_FILES = {"report.html": "text/html; charset=utf-8", "report.md": "text/markdown; charset=utf-8",
+                "results.json": "application/json"}
+# A report is the grader's HTML around text a student wrote (escaped): it runs no script and loads nothing.
+REPORT_CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; frame-ancestors 'self'"
+
+
+@dataclass
+class Service:
+    """Everything the routes share."""
+
+    db: Database
+    folder: Path
+    backend: Backend
+    policy: Policy
+    course: Course
+    all_exercises: tuple[Exercise, ...]
+    selected: tuple[Exercise, ...]  # the exercises this server grades
+    device: str  # where submissions are graded, in words
+    on_gpu: bool
+    salt: str  # anonymous leaderboard ids
+    workers: int = 1
+    pool: Pool | None = field(default=None, init=False)
+
+
+def _api(request: Request) -> bool:
+    return request.url.path.startswith("/api/") or "authorization" in request.headers
+
+
+def _who(request: Request, *, instructor: bool = False) -> Principal:
+    """The principal of the request (token or session), or a 401; with ``instructor``, a 403 for a student."""
+    service: Service = request.app.state.service
+    header = request.headers.get("authorization", "")
+    if header.lower().startswith("bearer "):
+        who = tokens.authenticate(service.db, header[7:].strip())
+    else:
+        who = tokens.session_principal(service.db, request.cookies.get(COOKIE, ""))
+    if who is None:
+        raise HTTPException(401, "log in with your token")
+    if instructor and not who.is_instructor:
+        raise HTTPException(403, "this page is the instructor's")
+    return who
+
+
+def _same_origin(request: Request) -> None:
+    """A form posted with the session cookie must come from this site's own pages (the cookie is SameSite=Strict
+    too: this is the second lock)."""
+    origin = request.headers.get("origin")
+    if origin and origin != "null" and urlsplit(origin).netloc != request.headers.get("host", ""):
+        raise HTTPException(403, "cross-site form refused")
+
+
+def _visible(request: Request, who: Principal, submission_id: int) -> Submission:
+    """The submission, if ``who`` may see it: 404 if there is none, 403 if it is someone else's."""
+    service: Service = request.app.state.service
+    sub = queue.get(service.db, submission_id)
+    if sub is None:
+        raise HTTPException(404, f"no submission #{submission_id}")
+    if not who.may_see(sub.student):
+        raise HTTPException(403, f"submission #{submission_id} is not yours")
+    return _detailed(service, [sub])[0]
+
+
+def _detailed(service: Service, subs: list[Submission]) -> list[Submission]:
+    places = queue.positions(service.db) if any(s.status == queue.QUEUED for s in subs) else {}
+    for sub in subs:
+        sub.position = places.get(sub.id)
+        sub.grade = queue.grade_of(service.db, sub.id)
+        if sub.status == RUNNING:
+            out = storage.submission_dir(service.folder, sub.id) / f"attempt-{sub.attempts}"
+            sub.progress = outcome.progress(out, len(sub.exercises))
+    return subs
+
+
+def _device_html(service: Service) -> str:
+    return pages.device_note(service.device, service.on_gpu)
+
+
+# ------------------------------------------------------------------------------------- logging in
+
+
+async def home(request: Request) -> Response:
+    try:
+        who = _who(request)
+    except HTTPException:
+        return HTMLResponse(pages.login())
+    return RedirectResponse("/instructor" if who.is_instructor else "/me", status_code=303)
+
+
+async def login(request: Request) -> Response:
+    _same_origin(request)
+    service: Service = request.app.state.service
+    form = await request.form(max_files=0, max_fields=4)
+    session = tokens.open_session(service.db, str(form.get("token", "")))
+    if session is None:
+        return HTMLResponse(pages.login("That token is not valid."), status_code=401)
+    response = RedirectResponse("/", status_code=303)
+    response.set_cookie(COOKIE, session, max_age=tokens.SESSION_S, httponly=True, samesite="strict",
+                        secure=request.url.scheme == "https")
+    return response
+
+
+async def logout(request: Request) -> Response:
+    _same_origin(request)
+    session = request.cookies.get(COOKIE)
+    if session:
+        tokens.close_session(request.app.state.service.db, session)
+    response = RedirectResponse("/", status_code=303)
+    response.delete_cookie(COOKIE)
+    return response
+
+
+# ------------------------------------------------------------------------------------- students
+
+
+async def me(request: Request) -> Response:
+    who = _who(request)
+    if who.is_instructor:
+        return RedirectResponse("/instructor", status_code=303)
+    service: Service = request.app.state.service
+    student = next(s for s in tokens.students(service.db) if s.id == who.student)
+    subs = _detailed(service, queue.of_student(service.db, student.id))
+    return HTMLResponse(pages.student_home(who, student, subs, device_html=_device_html(service),
+                                           deadlines=service.policy.to_dict()["deadlines"],
+                                           error=request.query_params.get("error", "")))
+
+
+async def submit(request: Request) -> Response:
+    """A new submission: the web form's (redirects to its page) or the API's (201 and JSON)."""
+    who = _who(request)
+    api = _api(request)
+    if not api:
+        _same_origin(request)
+    if who.is_instructor or who.student is None:
+        raise HTTPException(403, "only students hand in submissions")
+    service: Service = request.app.state.service
+    length = request.headers.get("content-length")
+    if length is None:
+        raise HTTPException(411, "the upload needs a Content-Length")
+    if int(length) > intake.MAX_UPLOAD_BYTES + (1 << 20):
+        raise HTTPException(413, f"the upload is larger than {intake.MAX_UPLOAD_BYTES >> 20} MB")
+    async with request.form(max_files=1, max_fields=4) as form:
+        upload = form.get("file")
+        if upload is None or isinstance(upload, str) or not upload.filename:
+            raise HTTPException(400, "no file in the upload (form field 'file')")
+        with tempfile.NamedTemporaryFile(prefix="grader-serve-upload-") as data:
+            await run_in_threadpool(shutil.copyfileobj, upload.file, data)
+            data.flush()
+            try:
+                accepted = await run_in_threadpool(
+                    intake.accept, service.db, folder=service.folder, student=who.student, filename=upload.filename,
+                    data_file=Path(data.name), size=data.tell(), policy=service.policy, selected=service.selected)
+            except queue.Refused as exc:
+                if not api:
+                    return RedirectResponse(f"/me?error={_quote(str(exc))}", status_code=303)
+                headers = {"Retry-After": str(exc.retry_after_s)} if exc.retry_after_s else None
+                return JSONResponse({"error": str(exc)}, status_code=exc.status, headers=headers)
+    if service.pool is not None:
+        service.pool.wake()
+    if not api:
+        return RedirectResponse(f"/submissions/{accepted.id}", status_code=303)
+    sub = _visible(request, who, accepted.id)
+    return JSONResponse({**sub.to_dict(), "problems": accepted.problems, "url": f"/submissions/{accepted.id}"},
+                        status_code=201)
+
+
+def _quote(text: str) -> str:
+    from urllib.parse import quote
+
+    return quote(text[:300])
+
+
+async def set_leaderboard(request: Request) -> Response:
+    _same_origin(request)
+    who = _who(request)
+    if who.student is None:
+        raise HTTPException(403, "only students appear on the leaderboard")
+    from grader.grading.batch.submission import display_name
+
+    form = await request.form(max_files=0, max_fields=4)
+    service: Service = request.app.state.service
+    with service.db.transaction() as conn:
+        conn.execute("UPDATE students SET leaderboard = ?, display_name = COALESCE(?, display_name) WHERE id = ?",
+                     (1 if form.get("show") else 0, display_name(form.get("display_name")), who.student))
+    return RedirectResponse("/me", status_code=303)
+
+
+async def submission_page(request: Request) -> Response:
+    who = _who(request)
+    sub = _visible(request, who, int(request.path_params["id"]))
+    return HTMLResponse(pages.submission(who, sub, device_html=_device_html(request.app.state.service)))
+
+
+async def submission_json(request: Request) -> Response:
+    who = _who(request)
+    return JSONResponse(_visible(request, who, int(request.path_params["id"])).to_dict())
+
+
+async def submissions_json(request: Request) -> Response:
+    who = _who(request)
+    service: Service = request.app.state.service
+    if who.is_instructor:
+        subs = [queue.get(service.db, r["id"]) for r in service.db.query("SELECT id FROM submissions ORDER BY id DESC")]
+    else:
+        subs = queue.of_student(service.db, who.student or "")
+    return JSONResponse({"submissions": [s.to_dict() for s in _detailed(service, [s for s in subs if s])],
+                         "device": service.device, "speed_graded": service.on_gpu})
+
+
+async def report_file(request: Request) -> Response:
+    who = _who(request)
+    name = request.path_params["name"]
+    if name not in REPORT_FILES:
+        raise HTTPException(404, "no such report")
+    sub = _visible(request, who, int(request.path_params["id"]))
+    if sub.grade is None or not sub.grade.folder:
+        raise HTTPException(409, f"submission #{sub.id} is not graded yet ({sub.status})")
+    service: Service = request.app.state.service
+    path = outcome.report_dir(storage.submission_dir(service.folder, sub.id) / sub.grade.folder) / name
+    if not path.is_file():
+        raise HTTPException(404, f"submission #{sub.id} has no {name}")
+    return FileResponse(path, media_type=REPORT_FILES[name], headers={"Content-Security-Policy": REPORT_CSP})
+
+
+async def leaderboard_page(request: Request) -> Response:
+    who = _who(request)
+    service: Service = request.app.state.service
+    found = leaderboard.boards(service.db, viewer=who, salt=service.salt,
+                               exercise=request.query_params.get("exercise"))
+    if _api(request):
+        return JSONResponse({"speed_graded": service.on_gpu, "device": service.device,
+                             "boards": [b.to_dict() for b in found]})
+    return HTMLResponse(pages.leaderboard(who, found, on_gpu=service.on_gpu, device=service.device))
+
+
+# ----------------------------------------------------------------------------------- instructor
+
+
+async def instructor_page(request: Request) -> Response:
+    who = _who(request, instructor=True)
+    service: Service = request.app.state.service
+    recent = [queue.get(service.db, r["id"]) for r in service.db.query(
+        "SELECT id FROM submissions ORDER BY id DESC LIMIT 50")]
+    return HTMLResponse(pages.instructor(who, gradebook.standings(service.db), _detailed(service, [s for s in recent
+                                                                                                   if s]),
+                                         queue.counts(service.db), device_html=_device_html(service)))
+
+
+def _class_folder(service: Service) -> Path:
+    out = service.folder / "class"
+    gradebook.build(service.db, folder=service.folder, out=out, course=service.course,
+                    all_exercises=service.all_exercises, exercises=[e.name for e in service.selected])
+    return out
+
+
+async def class_report(request: Request) -> Response:
+    _who(request, instructor=True)
+    out = await run_in_threadpool(_class_folder, request.app.state.service)
+    return FileResponse(out / "class-report.html", media_type="text/html; charset=utf-8",
+                        headers={"Content-Security-Policy": REPORT_CSP})
+
+
+async def grades_csv(request: Request) -> Response:
+    _who(request, instructor=True)
+    out = await run_in_threadpool(_class_folder, request.app.state.service)
+    return FileResponse(out / "grades.csv", media_type="text/csv; charset=utf-8")
+
+
+async def standings_json(request: Request) -> Response:
+    _who(request, instructor=True)
+    service: Service = request.app.state.service
+    return JSONResponse({"students": [s.to_dict() for s in gradebook.standings(service.db)],
+                         "queue": queue.counts(service.db)})
+
+
+async def roster(request: Request) -> Response:
+    _who(request, instructor=True)
+    service: Service = request.app.state.service
+    if request.method == "POST":
+        data = await request.json()
+        try:
+            token = tokens.add_student(service.db, str(data.get("student", "")), display_name=data.get("name"))
+        except tokens.RosterError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=409)
+        return JSONResponse({"student": data["student"], "token": token}, status_code=201)
+    return JSONResponse({"students": [s.to_dict() for s in tokens.students(service.db)]})
+
+
+async def health(request: Request) -> Response:
+    return JSONResponse({"ok": True})
+
+
+async def http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    if _api(request):
+        return JSONResponse({"error": exc.detail}, status_code=exc.status_code)
+    if exc.status_code == 401:
+        return HTMLResponse(pages.login(str(exc.detail)), status_code=401)
+    return HTMLResponse(pages.error(None, exc.status_code, str(exc.detail)), status_code=exc.status_code)
+
+
+def create_app(service: Service, *, start_workers: bool = True) -> Starlette:
+    """The app; its lifespan runs the worker pool (``start_workers=False``: the caller starts ``service.pool``)."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        service.pool = Pool(service.db, service.backend, folder=service.folder, workers=service.workers)
+        if start_workers:
+            service.pool.start()
+        try:
+            yield
+        finally:
+            service.pool.stop()
+
+    routes = [
+        Route("/", home), Route("/login", login, methods=["POST"]), Route("/logout", logout, methods=["POST"]),
+        Route("/healthz", health),
+        Route("/me", me), Route("/me/upload", submit, methods=["POST"]),
+        Route("/me/leaderboard", set_leaderboard, methods=["POST"]),
+        Route("/submissions/{id:int}", submission_page), Route("/submissions/{id:int}/{name}", report_file),
+        Route("/leaderboard", leaderboard_page),
+        Route("/api/submissions", submissions_json), Route("/api/submissions", submit, methods=["POST"]),
+        Route("/api/submissions/{id:int}", submission_json),
+        Route("/api/submissions/{id:int}/{name}", report_file),
+        Route("/api/leaderboard", leaderboard_page),
+        Route("/instructor", instructor_page), Route("/instructor/class-report", class_report),
+        Route("/instructor/grades.csv", grades_csv),
+        Route("/api/instructor/students", standings_json),
+        Route("/api/instructor/roster", roster, methods=["GET", "POST"]),
+    ]
+    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error}, lifespan=lifespan)
+    app.state.service = service
+    return app
+

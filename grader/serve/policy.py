@@ -1,0 +1,98 @@
+"""What the course decides about submitting during the term: the ``[serve]`` table of the course file (its defaults
+in ``grader/grading/course.toml``) — submissions per student and hour, how many may wait in the queue, deadlines
+per exercise and what happens after one."""
+
+from __future__ import annotations
+
+import datetime as dt
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from grader.grading import config
+
+LATE_POLICIES = ("mark", "refuse")
+_KEYS = {"submissions_per_hour", "queued_per_student", "late", "deadlines"}
+
+
+class PolicyError(ValueError):
+    """The [serve] table is not usable (told verbatim)."""
+
+
+@dataclass(frozen=True)
+class Policy:
+    submissions_per_hour: int = 6
+    queued_per_student: int = 3  # waiting at once, per student: keeps the queue bounded
+    late: str = "mark"  # "mark": graded and marked late; "refuse": the late exercises are not graded
+    deadlines: Mapping[str, float] = field(default_factory=dict)  # exercise -> POSIX time
+
+    def late_exercises(self, exercises: list[str], *, at: float) -> list[str]:
+        """The exercises of ``exercises`` whose deadline has passed at time ``at``."""
+        return [e for e in exercises if e in self.deadlines and at > self.deadlines[e]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"submissions_per_hour": self.submissions_per_hour, "queued_per_student": self.queued_per_student,
+                "late": self.late, "deadlines": {e: _iso(t) for e, t in sorted(self.deadlines.items())}}
+
+
+def _iso(timestamp: float) -> str:
+    return dt.datetime.fromtimestamp(timestamp, dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _deadline(exercise: str, value: Any, source: str) -> float:
+    if isinstance(value, str):
+        try:
+            value = dt.datetime.fromisoformat(value)
+        except ValueError:
+            raise PolicyError(f"{source}: [serve.deadlines] {exercise} = {value!r} is not a date and time") from None
+    if isinstance(value, dt.datetime):
+        return value.timestamp()  # without an offset: the server's local time
+    if isinstance(value, dt.date):  # a date alone: the end of that day, local time
+        return dt.datetime.combine(value, dt.time(23, 59, 59)).timestamp()
+    raise PolicyError(f"{source}: [serve.deadlines] {exercise} must be a date and time, e.g. 2025-10-10T23:59:00Z")
+
+
+def from_table(table: Mapping[str, Any], *, source: str, known: tuple[str, ...] = ()) -> Policy:
+    unknown = sorted(set(table) - _KEYS)
+    if unknown:
+        raise PolicyError(f"{source}: [serve] has unknown key(s) {', '.join(unknown)} "
+                          f"(known: {', '.join(sorted(_KEYS))})")
+    deadlines = table.get("deadlines", {})
+    if not isinstance(deadlines, Mapping):
+        raise PolicyError(f"{source}: [serve.deadlines] must be a table")
+    strange = sorted(set(deadlines) - set(known)) if known else []
+    if strange:
+        raise PolicyError(f"{source}: [serve.deadlines] names unknown exercise(s) {', '.join(strange)}")
+    policy = Policy(
+        submissions_per_hour=int(table.get("submissions_per_hour", Policy.submissions_per_hour)),
+        queued_per_student=int(table.get("queued_per_student", Policy.queued_per_student)),
+        late=str(table.get("late", Policy.late)),
+        deadlines={str(e): _deadline(str(e), v, source) for e, v in deadlines.items()},
+    )
+    if policy.late not in LATE_POLICIES:
+        raise PolicyError(f"{source}: [serve] late must be one of {', '.join(LATE_POLICIES)}, not {policy.late!r}")
+    if policy.submissions_per_hour < 1 or policy.queued_per_student < 1:
+        raise PolicyError(f"{source}: [serve] submissions_per_hour and queued_per_student must be at least 1")
+    return policy
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise PolicyError(f"{path}: cannot read it: {exc}") from None
+
+
+def load(course: Path | None, *, known: tuple[str, ...] = ()) -> Policy:
+    """The bundled [serve] table with the course file's laid over it, key by key."""
+    table = dict(_read(config.COURSE_FILE).get("serve", {}))
+    source = str(config.COURSE_FILE)
+    if course is not None:
+        overlay = _read(course).get("serve", {})
+        if not isinstance(overlay, Mapping):
+            raise PolicyError(f"{course}: [serve] must be a table")
+        table.update(overlay)
+        source = str(course)
+    return from_table(table, source=source, known=known)
