@@ -126,17 +126,21 @@ class _TimedCall:
 
 
 def profile_call(name: str, call: Callable[[Any], Any], inputs: dict, *, device: str,
-                 trace: Path | None = None) -> CallProfile:
+                 trace: Path | None = None, compiled: bool = False) -> CallProfile:
     """Warm ``call`` up on ``inputs``, then record the launches of one more call; on a GPU, time
     :data:`PROFILED_CALLS` more under ``torch.profiler``, each after the L2 cache is flushed (as ``grader bench``
-    times a call: a kernel reads its inputs from memory, not from the cache the previous call left)."""
+    times a call: a kernel reads its inputs from memory, not from the cache the previous call left).
+
+    ``compiled``: a ``torch.compile`` call, not recorded (under a dispatch mode it would run eagerly, op by op, and
+    keep doing so): its launches are the kernels the profiler saw."""
     result = CallProfile(name)
     try:
         call(device_inputs(inputs, device))  # compiles and autotunes: not the call's own launches
         fresh = device_inputs(inputs, device)  # outside the recording: copying inputs is not the call's work
-        with record() as found:
-            call(fresh)
-        result.launches = list(found)
+        if not compiled:
+            with record() as found:
+                call(fresh)
+            result.launches = list(found)
         if device != "cuda":
             return result
         calls = _timed_calls(call, inputs, trace.with_name(f"{trace.stem}-{_slug(name)}{trace.suffix}")

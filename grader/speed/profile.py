@@ -109,7 +109,7 @@ def profile_part(part: Part, module, reference, *, device: str, label: str | Non
         if call is None:
             skipped.append(f"{name}: {why}")
             continue
-        profiles.append(profile_call(name, call, inputs, device=device, trace=trace))
+        profiles.append(profile_call(name, call, inputs, device=device, trace=trace, compiled="compile" in name))
     return case_name, profiles, skipped
 
 

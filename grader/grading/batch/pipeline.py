@@ -17,7 +17,7 @@ import secrets
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from grader.checks.spec import Exercise
@@ -27,6 +27,7 @@ from grader.grading.batch.context import Context, UsageError, Workspace, choose_
 from grader.grading.batch.progress import Progress
 from grader.grading.batch.recorder import Recorder
 from grader.grading.batch.scheduler import Scheduler, Task, estimate, static_estimate
+from grader.grading.config import RunSettings
 from grader.grading.exercise_run import runner
 from grader.grading.exercise_run.slots import Slot
 from grader.grading.isolation import processes, reaper
@@ -301,14 +302,15 @@ def local_slots(ctx: Context, options: config.GradeOptions, *, available: list[g
     return gpus.gpu_slots(options.gpus, jobs, available=available, current=current)
 
 
-def _grade_task(ctx: Context, work: Workspace, recorder: Recorder, task: Task, slot: Slot) -> ExerciseResult:
+def _grade_task(ctx: Context, work: Workspace, recorder: Recorder, task: Task, slot: Slot,
+                settings: RunSettings | None = None) -> ExerciseResult:
     recorder.started(task, slot)
     sub, exercise = task.submission, task.exercise
     if not sub.usable:
         return ExerciseResult(exercise.name, exercise.title, ERROR, UNREADABLE + "; ".join(sub.problems),
                               device=dict(slot.device))
     parts = tuple(task.previous.regrade_parts()) if task.previous is not None else None
-    result = runner.grade_exercise(exercise, sub.root, settings=ctx.settings,
+    result = runner.grade_exercise(exercise, sub.root, settings=settings or ctx.settings,
                                    scratch=work.dir / f"scratch-{sub.student}-{exercise.name}",
                                    cache_dir=work.dir / f"triton-cache-{sub.student}", parts=parts, slot=slot)
     if task.previous is None or set(parts or ()) >= {p.name for p in exercise.parts}:
@@ -328,7 +330,10 @@ def run_local(ctx: Context, tasks: list[Task], work: Workspace, options: config.
                         gradebook=gradebook, progress=progress, profile=options.profile,
                         sandbox=run.get("sandbox", ctx.sandbox_note))
     cpu_before = profiling.host_cpu()
-    scheduler = Scheduler(slots, lambda task, slot: _grade_task(ctx, work, recorder, task, slot), recorder.commit,
+    # room for more runs than the batch has (one submission, say): each speed measurement in a worker of its own
+    settings = replace(ctx.settings, speed_apart=ctx.device == "cuda" and len(tasks) < sum(s.capacity for s in slots))
+    scheduler = Scheduler(slots, lambda task, slot: _grade_task(ctx, work, recorder, task, slot, settings),
+                          recorder.commit,
                           probe=gpus.probe_slot, on_failure=recorder.gpu_failure)
     try:
         outcome = scheduler.run(tasks)

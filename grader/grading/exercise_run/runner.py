@@ -114,15 +114,15 @@ def grade_exercise(exercise: Exercise, root: Path, *, settings: RunSettings, scr
 
 
 def _groups(items: list, settings: RunSettings) -> list[list]:
-    """The items in groups that run in workers of their own at once: where ``parallel_parts`` is set (on GPUs:
-    compilation is per process, and a host has cores to spare), each part's correctness checks in one and its speed
-    measurement (which compiles the benchmarks' kernels, specialized, in a cache of its own) in another; else one.
-    The groups' order is the longest first: speed last within a part, as when it runs alone."""
+    """The items in groups that run in workers of their own at once: one per part where ``parallel_parts`` is set
+    (on GPUs: compilation is per process, and a host has cores to spare), else one. With ``speed_apart`` too, each
+    part's speed measurement (which compiles the benchmarks' kernels, specialized, in a cache of its own) is a group
+    of its own, beside the part's correctness checks."""
     if not settings.parallel_parts:
         return [items]
     groups: dict[tuple[str, bool], list] = {}
     for item in items:
-        groups.setdefault((item.part.name, item.role == "speed"), []).append(item)
+        groups.setdefault((item.part.name, settings.speed_apart and item.role == "speed"), []).append(item)
     return list(groups.values())
 
 
