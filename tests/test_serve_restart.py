@@ -5,6 +5,7 @@ per submission), and the export holds every student. The grading child dies with
 from __future__ import annotations
 
 import csv
+import json
 import sqlite3
 import subprocess
 import time
@@ -63,6 +64,10 @@ def test_kill_9_mid_grading_then_restart_grades_every_submission_exactly_once(tm
     assert _rows(folder, f"SELECT attempts FROM submissions WHERE id = {killed[0]}") == [(killed[1] + 1,)]
     assert sorted(_rows(folder, "SELECT submission FROM gradebook")) == [(i,) for i in ids]
     assert all(score > 9 for (score,) in _rows(folder, "SELECT score FROM gradebook"))
+    # every submission is a batch of its own, all sharing the server's references: the last one computed none
+    (last,) = (folder / "submissions" / str(ids[2])).glob("attempt-*/students/*/state/gelu.json")
+    counts = json.loads(last.read_text())["counts"]
+    assert counts["references computed"] == 0 and counts["references reused"] > 0, counts
 
     out = tmp_path / "export"
     done = subprocess.run(helpers.grader_command("serve", "export", "--dir", str(folder), "--out", str(out)),

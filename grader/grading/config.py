@@ -234,6 +234,9 @@ class GradeOptions:
     slurm: Mapping[str, Any] | None = None  # submit to Slurm, with these [slurm] overrides; None: grade here
     wait: bool = False  # Slurm: wait for the batch to end
     unsandboxed: bool = False  # grade without a sandbox where none can be built (said in run.json and every report)
+    # where the hidden cases' inputs and references are kept (default OUT/staff/references): a grading server points
+    # every batch it runs (one per submission, one secret) at one folder, so each case is computed once
+    references: Path | None = None
 
     def replace(self, **changes: Any) -> GradeOptions:
         values = {f.name: getattr(self, f.name) for f in fields(self)}

@@ -46,6 +46,7 @@ class Backend(Protocol):
 def options_to_dict(options: config.GradeOptions) -> dict[str, Any]:
     data = {f.name: getattr(options, f.name) for f in fields(options)}
     data["course"] = str(options.course) if options.course else None
+    data["references"] = str(options.references) if options.references else None
     data["exercises"] = list(options.exercises)
     data["slurm"] = dict(options.slurm) if options.slurm is not None else None
     return data
@@ -53,7 +54,8 @@ def options_to_dict(options: config.GradeOptions) -> dict[str, Any]:
 
 def options_from_dict(data: dict[str, Any]) -> config.GradeOptions:
     return config.GradeOptions(**{**data, "exercises": tuple(data["exercises"]),
-                                  "course": Path(data["course"]) if data["course"] else None})
+                                  "course": Path(data["course"]) if data["course"] else None,
+                                  "references": Path(data["references"]) if data.get("references") else None})
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
