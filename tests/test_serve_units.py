@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import sqlite3
+import sys
 import zipfile
 
 import pytest
@@ -14,6 +15,7 @@ from grader import exercises
 from grader.grading import config
 from grader.grading.results.class_report import anonymous_id
 from grader.grading.results.results import ExerciseResult, PartResult, SpeedResult
+from grader.serve import backend as backend_mod
 from grader.serve import db as db_mod
 from grader.serve import intake, leaderboard, outcome, policy, queue, tokens
 from grader.serve.records import Grade, Principal, SpeedTime
@@ -279,3 +281,27 @@ def test_leaderboard_times_come_from_the_results_speed_rows(db):
     assert board.entries[0].name == "Bee"  # opted in
     assert board.entries[1].name == anonymous_id("a", "s")  # not opted in: anonymous (a's best of two)
     assert board.entries[1].device == "NVIDIA H100" and len(board.entries[1].date) == 10
+
+
+def test_parts_the_grader_failed_on_are_graded_again_before_the_grade_is_recorded(tmp_path, monkeypatch):
+    """``grader grade`` exits NEEDS_REGRADE where the grader failed on some parts: the backend runs it again on the
+    same folder (which resumes exactly those parts) up to REGRADES times; a status that is not a grade is the
+    grader's failure (retried by the queue), never a score of the student's."""
+    runs = tmp_path / "runs"
+    statuses = iter([backend_mod.NEEDS_REGRADE, backend_mod.NEEDS_REGRADE, 0])
+    engine = backend_mod.EngineBackend(options=config.GradeOptions(exercises=("gelu",)), secret="s",
+                                       course=config.load_course(None))
+    monkeypatch.setattr(engine, "command", lambda spec: [sys.executable, "-c", "import sys, pathlib; "
+                        f"p = pathlib.Path({str(runs)!r}); p.write_text(p.read_text() + 'x' if p.exists() else 'x'); "
+                        f"sys.exit({next(statuses)})"])
+    sub = queue.Submission(1, "alice", "alice.zip", "zip", 10, ["gelu"], [], 0.0, "running", 1, 0.0, None, "")
+    job = backend_mod.Job(sub, tmp_path / "alice.zip", tmp_path / "sub")
+    job.folder.mkdir()
+    with pytest.raises(backend_mod.GradingFailed, match="no readable result"):  # the stand-in grades nothing
+        engine.grade(job)
+    assert runs.read_text() == "xxx"  # graded, then twice again for the parts that needed it
+    statuses = iter([2] * 5)  # a usage error of the engine: not a grade
+    runs.unlink()
+    with pytest.raises(backend_mod.GradingFailed, match="status 2"):
+        engine.grade(job)
+    assert runs.read_text() == "x"

@@ -24,6 +24,8 @@ from grader.serve.records import Grade, SpeedTime, Submission
 
 PR_SET_PDEATHSIG = 1
 GRADED_STATUSES = (0, 3, 5)  # grader grade's: all graded, parts need a regrade, nothing gradable (all reported)
+NEEDS_REGRADE = 3  # grader grade's status where the grader failed on some parts (never the student's fault)
+REGRADES = 2  # times such parts are graded again (the same command resumes them) before the grade is recorded
 
 
 class GradingFailed(RuntimeError):
@@ -73,6 +75,11 @@ class EngineBackend:
         self.course = course
         self.all_exercises = exercises_mod.all_exercises()
 
+    def command(self, spec: Path) -> list[str]:
+        """The child that grades one attempt: ``grader grade`` of the upload into the attempt's folder; run again
+        on the same folder, it resumes (grades only what is missing or needs a regrade)."""
+        return [sys.executable, "-m", "grader.serve.grade_one", str(spec)]
+
     def grade(self, job: Job) -> tuple[Grade, list[SpeedTime]]:
         name = f"attempt-{job.submission.attempts}"
         out = job.folder / name
@@ -83,10 +90,13 @@ class EngineBackend:
         spec.write_text(json.dumps({"upload": str(job.upload), "out": str(out), "options": options_to_dict(options)}))
         env = {**os.environ, "GRADER_SECRET": self.secret, "PYTHONUNBUFFERED": "1"}
         with open(job.folder / f"{name}.log", "wb") as log:
-            child = subprocess.Popen([sys.executable, "-m", "grader.serve.grade_one", str(spec)], stdout=log,
-                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                     preexec_fn=_die_with_parent if sys.platform == "linux" else None)
-            status = child.wait()
+            for _ in range(1 + REGRADES):  # parts the grader failed on are graded again, never charged
+                child = subprocess.Popen(self.command(spec), stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, env=env,
+                                         preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+                status = child.wait()
+                if status != NEEDS_REGRADE:
+                    break
         if status not in GRADED_STATUSES:
             tail = (job.folder / f"{name}.log").read_text(errors="replace").strip().splitlines()[-3:]
             raise GradingFailed(f"the grader exited with status {status}: " + " / ".join(tail))
