@@ -460,10 +460,10 @@ def test_speed_is_not_planned_on_cpu():
                                                       speed_budget_s=1.0))
 
 
-def test_on_a_gpu_each_part_and_with_room_its_random_cases_and_speed_run_in_workers_of_their_own():
-    """With ``parallel_parts`` (GPUs) each part is a group of its own, run side by side; with ``spread`` too (a GPU
-    with room for more runs than the batch has), a part's random cases and its speed measurement are groups of their
-    own, the integrity checks stay with the examples; without either (CPUs) one worker runs everything, in order."""
+def test_on_a_gpu_each_part_and_with_room_its_speed_measurement_run_in_workers_of_their_own():
+    """With ``parallel_parts`` (GPUs) each part is a group of its own, run side by side; with ``speed_apart`` too (a
+    GPU with room for more runs than the batch has), a part's speed measurement is one more; without either (CPUs)
+    one worker runs everything, in the plan's order."""
     fa = exercises.get("flash_attention")
     items = plan.plan(fa, device="cuda", secret="s", random_cases=2, speed_budget_s=1.0)
     settings = config.RunSettings(device="cuda", secret="s", random_cases=2, timeout_s=60.0, call_timeout_s=30.0,
@@ -471,14 +471,11 @@ def test_on_a_gpu_each_part_and_with_room_its_random_cases_and_speed_run_in_work
 
     def shape(groups):
         assert sorted(it.id for group in groups for it in group) == sorted(it.id for it in items)  # each item once
-        return [(group[0].part.name, {it.role for it in group} & {"example", "random", "fresh", "speed"})
-                for group in groups]
+        return [(group[0].part.name, {it.role == "speed" for it in group}) for group in groups]
 
-    together = {"example", "random", "fresh"}
-    assert shape(runner._groups(items, settings)) == [("forward", together | {"speed"}), ("backward", together),
-                                                      ("autograd", together | {"speed"})]
-    spread = runner._groups(items, dataclasses.replace(settings, spread=True))
-    assert shape(spread) == [("forward", {"example", "fresh"}), ("forward", {"random"}), ("forward", {"speed"}),
-                             ("backward", {"example", "fresh"}), ("backward", {"random"}),
-                             ("autograd", {"example", "fresh"}), ("autograd", {"random"}), ("autograd", {"speed"})]
+    assert shape(runner._groups(items, settings)) == [("forward", {False, True}), ("backward", {False}),
+                                                      ("autograd", {False, True})]
+    apart = runner._groups(items, dataclasses.replace(settings, speed_apart=True))
+    assert shape(apart) == [("forward", {False}), ("forward", {True}), ("backward", {False}), ("autograd", {False}),
+                            ("autograd", {True})]
     assert runner._groups(items, dataclasses.replace(settings, parallel_parts=False)) == [items]

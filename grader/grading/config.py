@@ -266,10 +266,9 @@ class RunSettings:
     sandbox: Sandbox | None = None  # where workers run; None: unsandboxed, in a process group only
     references: ReferenceStore | None = None  # the batch's shared case references; None: computed per run
     parallel_parts: bool = False  # each part of an exercise in workers of its own, side by side (GPUs)
-    # with parallel_parts, each part's random cases and its speed measurement in workers of their own too: shortens a
-    # run alone, but costs worker starts, so only where the GPUs have room for more runs than the batch has (one
-    # submission, a server)
-    spread: bool = False
+    # with parallel_parts, each part's speed measurement in a worker of its own too: shortens a run alone, but costs
+    # a worker start, so only where the GPUs have room for more runs than the batch has (one submission, a server)
+    speed_apart: bool = False
 
 
 def resolve(options: GradeOptions, course: Course, *, device: str, secret: str, workdir: Path,

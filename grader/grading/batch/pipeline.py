@@ -330,8 +330,8 @@ def run_local(ctx: Context, tasks: list[Task], work: Workspace, options: config.
                         gradebook=gradebook, progress=progress, profile=options.profile,
                         sandbox=run.get("sandbox", ctx.sandbox_note))
     cpu_before = profiling.host_cpu()
-    # room for more runs than the batch has (one submission, say): random cases and speed in workers of their own
-    settings = replace(ctx.settings, spread=ctx.device == "cuda" and len(tasks) < sum(s.capacity for s in slots))
+    # room for more runs than the batch has (one submission, say): each speed measurement in a worker of its own
+    settings = replace(ctx.settings, speed_apart=ctx.device == "cuda" and len(tasks) < sum(s.capacity for s in slots))
     scheduler = Scheduler(slots, lambda task, slot: _grade_task(ctx, work, recorder, task, slot, settings),
                           recorder.commit,
                           probe=gpus.probe_slot, on_failure=recorder.gpu_failure)

@@ -115,16 +115,14 @@ def grade_exercise(exercise: Exercise, root: Path, *, settings: RunSettings, scr
 
 def _groups(items: list, settings: RunSettings) -> list[list]:
     """The items in groups that run in workers of their own at once: one per part where ``parallel_parts`` is set
-    (on GPUs: compilation is per process, and a host has cores to spare), else one. With ``spread`` too, a part's
-    random cases are a group of their own, and so is its speed measurement (which compiles the benchmarks' kernels,
-    specialized, in a cache of its own); its examples, integrity checks (a cached result shows between calls of one
-    process: they stay together) and the rest are one more."""
+    (on GPUs: compilation is per process, and a host has cores to spare), else one. With ``speed_apart`` too, each
+    part's speed measurement (which compiles the benchmarks' kernels, specialized, in a cache of its own) is a group
+    of its own, beside the part's correctness checks."""
     if not settings.parallel_parts:
         return [items]
-    groups: dict[tuple[str, str], list] = {}
+    groups: dict[tuple[str, bool], list] = {}
     for item in items:
-        apart = settings.spread and item.role in ("random", "speed")
-        groups.setdefault((item.part.name, item.role if apart else ""), []).append(item)
+        groups.setdefault((item.part.name, settings.speed_apart and item.role == "speed"), []).append(item)
     return list(groups.values())
 
 
