@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import statistics
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -159,36 +160,45 @@ def profile_call(name: str, call: Callable[[Any], Any], inputs: dict, *, device:
 
 
 def _timed_calls(call: Callable[[Any], Any], inputs: dict, trace: Path | None) -> list[_TimedCall]:
-    """:data:`PROFILED_CALLS` calls under the profiler, each after an L2 flush.
+    """:data:`PROFILED_CALLS` calls under the profiler, each prepared as ``grader bench`` prepares a timed call: the
+    L2 cache flushed, then the GPU held busy for longer than the call takes to launch (:func:`_hold_ms`), so that the
+    whole call is queued before its first kernel starts and its kernels run as the GPU schedules them, not as the
+    host's Python (slowed by the profiler) hands them over. Kernels on several streams then overlap as they do when
+    ``grader bench`` times the call.
 
-    The profiler lists every kernel of the run in start order; the flush's own kernels (learnt by profiling a flush
-    alone) open each call's group, so a group is the flush's kernels followed by the call's. A call's PyTorch ops are
-    the ``aten::`` events inside its :data:`CALL_MARK` range."""
-    import triton
+    The profiler lists every kernel of the run in start order; the preparation's own kernels (learnt by profiling a
+    preparation alone) open each call's group, so a group is the preparation's kernels followed by the call's. A
+    call's PyTorch ops are the ``aten::`` events inside its :data:`CALL_MARK` range."""
+    from grader.speed.clocks import CudaClock
 
-    cache = triton.runtime.driver.active.get_empty_cache_for_benchmark()
-    flush = triton.runtime.driver.active.clear_cache
-    flush(cache)
-    torch.cuda.synchronize()
+    clock = CudaClock()
+    hold_ms = _hold_ms(call, inputs, clock)
+
+    def prepare() -> None:
+        clock.flush()
+        clock.hold(hold_ms)
+
+    prepare()
+    clock.sync()
     with _profiler() as prof:
-        flush(cache)
-        torch.cuda.synchronize()
-    per_flush = len(_kernel_events(prof.events()))
+        prepare()
+        clock.sync()
+    per_prepare = len(_kernel_events(prof.events()))
     fresh = [device_inputs(inputs, "cuda") for _ in range(PROFILED_CALLS)]
-    torch.cuda.synchronize()
+    clock.sync()
     with _profiler() as prof:
         for values in fresh:
-            flush(cache)
+            prepare()
             with torch.profiler.record_function(CALL_MARK):
                 call(values)
-        torch.cuda.synchronize()
+        clock.sync()
     if trace is not None:
         prof.export_chrome_trace(str(trace))
     events = list(prof.events())
     kernel_events = _kernel_events(events)
     kernels = [(e.name, e.device_time / 1e3) for e in kernel_events]
     size = len(kernels) // PROFILED_CALLS
-    if size * PROFILED_CALLS != len(kernels) or size <= per_flush:
+    if size * PROFILED_CALLS != len(kernels) or size <= per_prepare:
         raise RuntimeError(f"its {PROFILED_CALLS} profiled calls launched different kernels ({len(kernels)} in all): "
                            "a call that depends on the previous one cannot be profiled call by call")
     cpu = [e for e in events if getattr(e, "device_type", None) == torch.autograd.DeviceType.CPU]
@@ -196,12 +206,30 @@ def _timed_calls(call: Callable[[Any], Any], inputs: dict, trace: Path | None) -
     ops = sorted((e for e in cpu if e.name.startswith("aten::")), key=lambda e: e.time_range.start)
     calls = []
     for i, mark in enumerate(marks[:PROFILED_CALLS]):
-        mine = kernel_events[i * size + per_flush:(i + 1) * size]
+        mine = kernel_events[i * size + per_prepare:(i + 1) * size]
         span_ms = (max(e.time_range.end for e in mine) - min(e.time_range.start for e in mine)) / 1e3
-        calls.append(_TimedCall(kernels[i * size + per_flush:(i + 1) * size],
+        calls.append(_TimedCall(kernels[i * size + per_prepare:(i + 1) * size],
                                 [e for e in ops if mark.time_range.start <= e.time_range.start <= mark.time_range.end],
                                 span_ms))
     return calls
+
+
+def _hold_ms(call: Callable[[Any], Any], inputs: dict, clock) -> float:
+    """How long to hold the GPU before a profiled call: the timing engine's rule (:mod:`grader.speed.timing`) applied
+    to the host time the call takes to launch under the profiler (which slows every launch)."""
+    from grader.speed.timing import HOLD_FACTOR, HOLD_MAX_MS, HOLD_MIN_MS
+
+    launches = []
+    with _profiler():
+        for _ in range(3):
+            values = device_inputs(inputs, "cuda")
+            clock.flush()
+            clock.hold(HOLD_MAX_MS)
+            launched = clock.wall()
+            call(values)
+            launches.append((clock.wall() - launched) * 1e3)
+            clock.sync()
+    return min(HOLD_MAX_MS, HOLD_FACTOR * statistics.median(launches) + HOLD_MIN_MS)
 
 
 def _launch_times(launches: list[Launch], timed: _TimedCall) -> list[float | None]:
@@ -235,6 +263,8 @@ def _launch_times(launches: list[Launch], timed: _TimedCall) -> list[float | Non
 
 
 def _profiler():
+    # torch warns, once a process, that a profiler object keeps only its last cycle's events: each of ours runs once
+    warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle", category=UserWarning)
     return torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                               torch.profiler.ProfilerActivity.CUDA])
 

@@ -10,11 +10,12 @@ compiles and autotunes then), then once more while :func:`.launches.record` watc
 * every PyTorch op outside those launches that does work (views, allocations and metadata queries do none): on a
   GPU each is one kernel or more of its own, with its own round trip to memory.
 
-On a GPU, :data:`.launches.PROFILED_CALLS` more calls run under ``torch.profiler``, each after an L2 flush as
-``grader bench`` times them, and each launch gets its median GPU time (``--trace`` writes the profiler's
-Chrome/Perfetto trace). On a CPU the kernels run in the Triton interpreter, whose times say nothing
-about a GPU: the launches, grids and bytes hold there, the times need a GPU. A short reading says in plain words
-what the tables show: how many launches each candidate makes, and which bytes a later kernel touches again.
+On a GPU, :data:`.launches.PROFILED_CALLS` more calls run under ``torch.profiler``, each after an L2 flush and
+queued whole before the GPU reaches it, as ``grader bench`` times a call, and each launch gets its median GPU time
+(``--trace`` writes the profiler's Chrome/Perfetto trace). On a CPU the kernels run in the Triton interpreter,
+whose times say nothing about a GPU: the launches, grids and bytes hold there, the times need a GPU. A short reading
+says in plain words what the tables show: how many launches each candidate makes, and which bytes a later kernel
+touches again.
 """
 
 from __future__ import annotations
@@ -175,7 +176,8 @@ def gpu_caption(profile: CallProfile) -> str:
     if profile.span_ms is not None and profile.span_ms < 0.98 * profile.gpu_ms:
         text += (f"; the call spans {profile.span_ms * 1e3:.1f} µs on the GPU: its kernels overlap (run on "
                  "several streams at once)")
-    return text + f" (median of {PROFILED_CALLS} calls, each after an L2 flush)"
+    return text + (f" (median of {PROFILED_CALLS} calls, each after an L2 flush and queued whole, as `grader bench` "
+                   "times a call)")
 
 
 def render(title: str, case_name: str, profiles: list[CallProfile], skipped: list[str], *, device: str,
