@@ -11,6 +11,7 @@ import torch
 
 from grader import cli, exercises
 from grader.checks import loader, runtime
+from grader.checks.execute import device_inputs
 from grader.speed import launches as launches_mod
 from grader.speed import profile
 from grader.speed.launches import Launch
@@ -94,6 +95,26 @@ def test_every_reference_profiles_on_the_cpu(name):
         assert yours.error is None and any(x.kind == "triton" for x in yours.launches), (part.name, yours.error)
 
 
+@pytest.mark.parametrize("name", [e.name for e in exercises.all_exercises()])
+def test_the_reference_launches_what_its_spec_declares_at_every_benchmark(name):
+    """``Part.reference_launches``, which a slow part's report puts beside the student's launches, is what the
+    reference solution's call launches: recorded on the example most like each benchmark."""
+    exercise = exercises.get(name)
+    solutions = _module(ROOT / "solutions", exercise)
+    device = runtime.configure().device
+    declared = [p for p in exercise.parts if p.reference_launches is not None]
+    assert declared == [p for p in exercise.parts if p.benchmarks], "every part with benchmarks declares its count"
+    for part in declared:
+        for bench in part.benchmarks:
+            case, _ = profile.profile_case(part, "cpu", bench.label)  # a small example like it, on any device
+            part.call(solutions, device_inputs(part.make_inputs(case), device))  # compiles and autotunes
+            fresh = device_inputs(part.make_inputs(case), device)
+            with launches_mod.record() as found:
+                part.call(solutions, fresh)
+            triton = [x.name for x in found if x.kind == "triton"]
+            assert len(triton) == part.reference_launches, (part.name, bench.label, triton)
+
+
 def test_the_matmul_epilogue_is_one_launch_where_pytorch_makes_two():
     matmul = exercises.get("matmul")
     part = matmul.parts[0]
@@ -141,3 +162,25 @@ def test_kernels_that_overlap_show_the_calls_span_beside_their_sum():
     assert "spans 817.0 µs" in profile.gpu_caption(overlapped) and "915.5" not in profile.gpu_caption(overlapped)
     serial = launches_mod.CallProfile("yours", gpu_ms=0.200, span_ms=0.199)
     assert "spans" not in profile.gpu_caption(serial) and "200.0 µs of GPU time" in profile.gpu_caption(serial)
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_every_launch_is_timed_and_the_flash_attention_backward_kernels_overlap_as_benchmarked():
+    """On a GPU: the three-pass softmax's three kernels each get a time, and together take longer than the
+    reference's one; FlashAttention's forward + backward launches its four kernels, each timed, and the dK/dV and dQ
+    kernels, on two streams, overlap (the call's span is under the kernels' sum) because each profiled call is
+    queued whole before it starts, as ``grader bench`` times it."""
+    _, profiles, _ = profile.profile_part(FORWARD, _three_passes(), _module(ROOT / "solutions"), device="cuda")
+    by_name = {p.candidate: p for p in profiles}
+    slow, reference = by_name[profile.YOURS], by_name[profile.REFERENCE]
+    assert len(slow.launches) == 3 and all(x.ms and x.ms > 0 for x in slow.launches)
+    assert len(reference.launches) == 1 and reference.gpu_ms < slow.gpu_ms
+
+    fa = exercises.get("flash_attention")
+    solutions = _module(ROOT / "solutions", fa)
+    _, profiles, _ = profile.profile_part(fa.part("autograd"), solutions, None, device="cuda",
+                                          label="b8h16-n2048-d64-causal")
+    yours = next(p for p in profiles if p.candidate == profile.YOURS)
+    assert yours.error is None and len(yours.launches) == 4
+    assert all(x.ms and x.ms > 0 for x in yours.launches)
+    assert yours.span_ms < 0.98 * yours.gpu_ms, (yours.span_ms, yours.gpu_ms)

@@ -277,8 +277,10 @@ def test_a_slow_parts_report_names_the_kernels_its_call_launched():
     slow.plans = {b.label: plan for b in PART.benchmarks}
     scored = credit.part_credit(PART, slow, recheck=credit.Verdict(True), thresholds=_thresholds())
     assert scored.fraction < 1 and all(r.launches == ["_toybkernel"] * 3 for r in scored.rows)
-    assert "your call launches 3 kernels (_toybkernel ×3)" in scored.message and "<b>" not in scored.message
+    assert "your call launches 3 kernels (_toybkernel ×3), the reference solution's 1:" in scored.message
+    assert "<b>" not in scored.message
     assert scored.rows[0].to_dict()["launches"] == ["_toybkernel"] * 3
+    assert scored.rows[0].to_dict()["reference_launches"] == PART.reference_launches == 1
     fast = _measurement(0.094, 0.0937)
     fast.plans = slow.plans
     assert "your call launches" not in credit.part_credit(PART, fast, recheck=credit.Verdict(True),
@@ -286,4 +288,5 @@ def test_a_slow_parts_report_names_the_kernels_its_call_launched():
     unrecorded = credit.part_credit(PART, _measurement(0.3, 0.0937), recheck=credit.Verdict(True),
                                     thresholds=_thresholds())
     assert unrecorded.rows[0].launches is None and "launches" not in unrecorded.rows[0].to_dict()
+    assert "reference_launches" not in unrecorded.rows[0].to_dict()
     assert credit.launch_list(["a", "b", "a"]) == "3 kernels (a ×2, b)"

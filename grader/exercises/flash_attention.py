@@ -535,6 +535,7 @@ EXERCISE = Exercise(
             benchmarks=tuple(_bench(*s) for s in _BENCH_SIZES),
             baselines=FORWARD_BASELINES,
             speed_baseline="sdpa-flash",
+            reference_launches=1,
             speed_points=5,
         ),
         Part(
@@ -568,6 +569,7 @@ EXERCISE = Exercise(
             benchmarks=tuple(_bench_fb(*s) for s in _BENCH_SIZES),
             baselines=AUTOGRAD_BASELINES,
             speed_baseline="sdpa-flash",
+            reference_launches=4,
             speed_points=5,
         ),
     ),

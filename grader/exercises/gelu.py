@@ -125,6 +125,7 @@ EXERCISE = Exercise(
             baselines=BASELINES,
             unfused=lambda inputs: _gelu_formula(inputs["x"]),
             speed_baseline="torch",
+            reference_launches=1,
             speed_points=5,
         ),
     ),

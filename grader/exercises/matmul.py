@@ -198,6 +198,7 @@ EXERCISE = Exercise(
             benchmarks=BENCHMARKS,
             baselines=BASELINES,
             speed_baseline="torch",
+            reference_launches=1,
             speed_points=5,
         ),
     ),

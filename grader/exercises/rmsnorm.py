@@ -264,6 +264,7 @@ EXERCISE = Exercise(
             benchmarks=_benchmarks(_forward_bytes, _forward_flops),
             baselines=FORWARD_BASELINES,
             speed_baseline="torch",
+            reference_launches=1,
             speed_points=5,
         ),
         Part(
@@ -284,6 +285,7 @@ EXERCISE = Exercise(
             benchmarks=_benchmarks(_backward_bytes, _backward_flops),
             baselines=BACKWARD_BASELINES,
             speed_baseline="torch",
+            reference_launches=3,
             # Not speed-graded: on an H200 the reference's forward+backward ratio to the baseline varied
             # with a CV of 6-17% across 10 runs (the call includes autograd's host-side overhead, which is
             # comparable to the ~0.3 ms of device time), so no threshold could be fair. `grader bench`

@@ -121,6 +121,7 @@ class BenchmarkCredit:
     mode: str | None = None  # "event" | "graph"
     rounds: int | None = None
     launches: list[str] | None = None  # the kernels one call of the student's launched, in order (the grader's)
+    reference_launches: int | None = None  # the kernels one call of the reference solution launches
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -129,6 +130,7 @@ class BenchmarkCredit:
                 del data[key]
         if self.launches is None:  # pytest and grader bench record none
             del data["launches"]
+            del data["reference_launches"]
         return data
 
     @classmethod
@@ -204,8 +206,9 @@ def row_message(r: BenchmarkCredit, roofline: dict[str, Any]) -> str:
     if r.copy_ms:
         lines.append(f"    a plain copy of the same data takes {fmt_ms(r.copy_ms)}")
     if r.launches:
-        lines.append(f"    your call launches {launch_list(r.launches)}: each launch is a pass over its memory; "
-                     "`grader profile` shows them beside the reference's")
+        beside = f", the reference solution's {r.reference_launches}" if r.reference_launches is not None else ""
+        lines.append(f"    your call launches {launch_list(r.launches)}{beside}: each launch is a pass over its "
+                     "memory; `grader profile` shows them beside the reference's")
     hints = COMPUTE_HINTS if r.bound == "compute" else MEMORY_HINTS
     kind = "compute-bound" if r.bound == "compute" else "memory-bound"
     lines.append(f"    what usually causes the gap ({kind} kernel):")
@@ -277,6 +280,7 @@ def part_credit(part: Part, measurement: SpeedMeasurement, *, recheck: Verdict,
         plan = measurement.plans.get(bench.label)
         if isinstance(plan, LaunchPlan):  # recorded in the worker: what the call launched, kernel by kernel
             row.launches = [_kernel_name(plan, step.kernel) for step in plan.steps if step.op == "launch"]
+            row.reference_launches = part.reference_launches
         rows.append(row)
     scored = summarize(rows, roofline, measurement.gpu, thresholds, recheck)
     if curve is not None:
