@@ -14,7 +14,7 @@ import pytest
 from grader import exercises
 from grader.grading import config
 from grader.grading.results.class_report import anonymous_id
-from grader.grading.results.results import ExerciseResult, PartResult, SpeedResult
+from grader.grading.results.results import CheckResult, ExerciseResult, PartResult, SpeedResult
 from grader.serve import backend as backend_mod
 from grader.serve import db as db_mod
 from grader.serve import intake, leaderboard, outcome, policy, queue, tokens
@@ -268,6 +268,12 @@ def test_leaderboard_times_come_from_the_results_speed_rows(db):
     flagged = _result(credit.MEASURED, [row], {"name": "NVIDIA H100"})
     flagged.parts[0].flags.append({"rule": "timer", "message": "replaced", "scope": "speed"})
     assert outcome.speed_times(flagged) == []
+    wrong = _result(credit.MEASURED, [row], {"name": "NVIDIA H100"})  # fast, but wrong on one hidden case
+    wrong.parts[0].checks = [CheckResult("forward.examples[0]", "example", "0", "passed"),
+                             CheckResult("forward.random[3]", "random", "3", "failed", "12 of 4096 elements differ")]
+    assert outcome.speed_times(wrong) == []
+    wrong.parts[0].checks[1].status = "passed"
+    assert len(outcome.speed_times(wrong)) == 1
 
     with db.transaction() as conn:
         conn.execute("UPDATE students SET display_name = 'Bee', leaderboard = 1 WHERE id = 'b'")

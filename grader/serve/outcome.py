@@ -43,11 +43,14 @@ def read(out: Path, *, folder: str, course: Course, all_exercises: tuple[Exercis
 
 
 def speed_times(result: ExerciseResult) -> list[SpeedTime]:
-    """The benchmark times the grader measured and trusts: measured parts without integrity flags or a pending
-    regrade, rows with a time and a ratio (on a CPU there are none: speed is not measured there)."""
+    """The benchmark times the grader measured and trusts, of kernels that are right: measured parts without
+    integrity flags or a pending regrade and with no failed correctness check (a kernel wrong on some inputs does
+    not rank, however fast), rows with a time and a ratio (on a CPU there are none: speed is not measured there)."""
     found = []
     for part in result.parts:
         if part.speed.status != credit.MEASURED or part.flags or part.needs_regrade:
+            continue
+        if not all(check.passed for check in part.correctness):
             continue
         for row in part.speed.rows:
             if row.student_ms and row.student_ms > 0 and row.ratio and row.ratio > 0:
