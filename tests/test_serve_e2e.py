@@ -4,13 +4,17 @@ headless Chromium. A student sees only their own submissions; the instructor's r
 
 from __future__ import annotations
 
+import http.client
 import json
 import re
 import shutil
 import subprocess
 import time
+import urllib.parse
 
 import pytest
+
+from grader.serve import client
 
 from . import serve_helpers as helpers
 
@@ -179,3 +183,58 @@ def test_the_web_page_logs_in_uploads_and_shows_the_report_and_leaderboard(serve
         assert el("token")  # logged out: the login form again
     finally:
         browser.quit()
+
+
+# ------------------------------------------------------------------------------ the session cookie's locks
+
+
+def _raw(url: str, method: str, path: str, *, body: bytes = b"", headers: dict[str, str] | None = None
+         ) -> tuple[int, dict[str, str], bytes]:
+    """One request, redirects not followed: (status, headers, body)."""
+    parts = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        response = conn.getresponse()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+    finally:
+        conn.close()
+
+
+def test_the_session_cookie_changes_nothing_from_another_sites_page(server):
+    """A browser sends the session cookie with any site's form (SameSite=Strict still lets a sibling subdomain
+    through): every request that changes state with the cookie must carry this site's own Origin. A token (which no
+    browser sends by itself) needs none; forms without a file are read only when small; the message a refused upload
+    leaves on the student's page is the server's own, never a link's."""
+    running, tokens = server
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    own, evil = {"Origin": running.url}, {"Origin": "https://evil.example.edu"}
+    login = urllib.parse.urlencode({"token": tokens["bob"]}).encode()
+    for origin in (evil, {"Origin": "null"}, {}):
+        assert _raw(running.url, "POST", "/login", body=login, headers={**form, **origin})[0] == 403, origin
+    huge = urllib.parse.urlencode({"token": "A" * (64 << 10)}).encode()  # the parser would read any length
+    assert _raw(running.url, "POST", "/login", body=huge, headers={**form, **own})[0] == 413
+    status, headers, _ = _raw(running.url, "POST", "/login", body=login, headers={**form, **own})
+    assert status == 303 and "httponly" in headers["set-cookie"].lower()
+    cookie = {"Cookie": headers["set-cookie"].split(";")[0]}
+
+    body, content_type = client.multipart("bob.txt", b"not a submission")
+    upload = {**cookie, "Content-Type": content_type}
+    for path in ("/api/submissions", "/me/upload"):
+        for origin in (evil, {"Origin": "null"}, {}):
+            status, _, text = _raw(running.url, "POST", path, body=body, headers={**upload, **origin})
+            assert status == 403 and b"cross-site" in text, (path, origin, status)
+    status, headers, _ = _raw(running.url, "POST", "/me/leaderboard", body=b"show=1&display_name=Bob",
+                              headers={**cookie, **form, **evil})
+    assert status == 403
+    assert _raw(running.url, "POST", "/api/instructor/roster", body=b'{"student": "mallory"}',
+                headers={"Authorization": f"Bearer {tokens['instructor']}", "Content-Type": "text/plain"})[0] == 415
+    # from the site's own page the refused upload comes back to /me with the server's signed message
+    status, headers, _ = _raw(running.url, "POST", "/me/upload", body=body, headers={**upload, **own})
+    assert status == 303 and headers["location"].startswith("/me?") and "sig=" in headers["location"]
+    shown = _raw(running.url, "GET", headers["location"], headers=cookie)[2].decode()
+    assert 'id="upload-error"' in shown and "bob.txt" in shown
+    spoofed = "/me?" + urllib.parse.urlencode({"error": "Your token expired: mail it to evil@example.edu"})
+    assert "evil@example.edu" not in _raw(running.url, "GET", spoofed, headers=cookie)[2].decode()
+    status, text = helpers.http(running.url + "/api/submissions", token=tokens["bob"])
+    assert status == 200 and json.loads(text)["submissions"] == []  # nothing was handed in as bob

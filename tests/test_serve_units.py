@@ -7,7 +7,9 @@ import datetime as dt
 import hashlib
 import sqlite3
 import sys
+import time
 import zipfile
+from types import SimpleNamespace
 
 import pytest
 
@@ -311,3 +313,34 @@ def test_parts_the_grader_failed_on_are_graded_again_before_the_grade_is_recorde
     with pytest.raises(backend_mod.GradingFailed, match="status 2"):
         engine.grade(job)
     assert runs.read_text() == "x"
+
+
+def test_a_worker_that_cannot_record_an_outcome_requeues_it_and_goes_on(db, tmp_path, monkeypatch):
+    """The database refuses to record a grade once (busy, or its disk full): the worker thread survives, the
+    submission is queued again and graded on its next attempt, and the student's later submission is graded too
+    (before, the thread ended and both waited for a restart)."""
+    from grader.serve.worker import Pool
+
+    first, second = _queue(db, "a", now=1.0), _queue(db, "a", now=2.0)
+    finish, failures = queue.finish, []
+
+    def flaky_finish(database, submission, grade, times):
+        if not failures:
+            failures.append(submission.id)
+            raise sqlite3.OperationalError("database is locked")
+        return finish(database, submission, grade, times)
+
+    monkeypatch.setattr(queue, "finish", flaky_finish)
+    backend = SimpleNamespace(grade=lambda job: (Grade(1.0, 1.0, "cpu", None, {}), []))  # a made-up full score
+    pool = Pool(db, backend, folder=tmp_path / "serve-dir", workers=1)
+    pool.start()
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(queue.get(db, s).status != "done" for s in (first, second)):
+            time.sleep(0.05)
+    finally:
+        pool.stop()
+    assert failures == [first]
+    assert [queue.get(db, s).status for s in (first, second)] == ["done", "done"]
+    assert queue.get(db, first).attempts == 2  # graded again after the failed record
+    assert db.query("SELECT COUNT(*) AS n FROM gradebook")[0]["n"] == 2

@@ -3,14 +3,19 @@
 
 Authorization is checked on every route through :func:`_who` (who is asking) and :func:`_visible` (may they see
 this submission): a student sees only their own submissions, the instructor sees all; the roster and the class's
-results are the instructor's only.
+results are the instructor's only. A request that changes state with the session cookie (not a token, which no
+browser sends by itself) must come from this site's own pages (:func:`_same_origin`), and a form that carries no file
+is read only up to :data:`FORM_MAX_BYTES`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import shutil
 import tempfile
+import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +42,8 @@ REPORT_FILES = {"report.html": "text/html; charset=utf-8", "report.md": "text/ma
                 "results.json": "application/json"}
 # A report is the grader's HTML around text a student wrote (escaped): it runs no script and loads nothing.
 REPORT_CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; frame-ancestors 'self'"
+FORM_MAX_BYTES = 8 << 10  # a login or a leaderboard choice: a token and a name
+SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 
 
 @dataclass
@@ -52,9 +59,10 @@ class Service:
     selected: tuple[Exercise, ...]  # the exercises this server grades
     device: str  # where submissions are graded, in words
     on_gpu: bool
-    salt: str  # anonymous leaderboard ids
+    salt: str  # anonymous leaderboard ids, and the key that signs the messages a redirect carries
     workers: int = 1
     pool: Pool | None = field(default=None, init=False)
+    class_lock: threading.Lock = field(default_factory=threading.Lock, init=False)  # one class report build at a time
 
 
 def _api(request: Request) -> bool:
@@ -69,6 +77,8 @@ def _who(request: Request, *, instructor: bool = False) -> Principal:
         who = tokens.authenticate(service.db, header[7:].strip())
     else:
         who = tokens.session_principal(service.db, request.cookies.get(COOKIE, ""))
+        if who is not None and request.method not in SAFE_METHODS:
+            _same_origin(request)  # a browser sends the cookie with another site's form too
     if who is None:
         raise HTTPException(401, "log in with your token")
     if instructor and not who.is_instructor:
@@ -77,11 +87,35 @@ def _who(request: Request, *, instructor: bool = False) -> Principal:
 
 
 def _same_origin(request: Request) -> None:
-    """A form posted with the session cookie must come from this site's own pages (the cookie is SameSite=Strict
-    too: this is the second lock)."""
+    """A request posted with the session cookie must come from this site's own pages (the cookie is SameSite=Strict
+    too: this is the second lock, and SameSite lets a sibling subdomain's page through). Browsers send ``Origin`` with
+    every POST: one that is missing, ``null`` (a sandboxed frame, a redirect from another site) or another host's is
+    refused."""
     origin = request.headers.get("origin")
-    if origin and origin != "null" and urlsplit(origin).netloc != request.headers.get("host", ""):
-        raise HTTPException(403, "cross-site form refused")
+    if not origin or origin == "null" or urlsplit(origin).netloc != request.headers.get("host", ""):
+        raise HTTPException(403, "cross-site request refused: post from this site's own pages")
+
+
+async def _small_form(request: Request):
+    """A form without a file, read only once its declared size is known to be small (the form parser would read any
+    length into memory)."""
+    length = request.headers.get("content-length")
+    if length is None or not length.isdigit() or int(length) > FORM_MAX_BYTES:
+        raise HTTPException(413, f"a form of at most {FORM_MAX_BYTES} bytes, with a Content-Length, is expected")
+    return await request.form(max_files=0, max_fields=4)
+
+
+def _signed(service: Service, message: str) -> str:
+    """The query string that carries ``message`` to the next page, signed so that no other link can put words
+    there."""
+    from urllib.parse import urlencode
+
+    message = message[:300]
+    return urlencode({"error": message, "sig": _signature(service, message)})
+
+
+def _signature(service: Service, message: str) -> str:
+    return hmac.new(f"grader-serve-message:{service.salt}".encode(), message.encode(), hashlib.sha256).hexdigest()
 
 
 def _visible(request: Request, who: Principal, submission_id: int) -> Submission:
@@ -124,7 +158,7 @@ async def home(request: Request) -> Response:
 async def login(request: Request) -> Response:
     _same_origin(request)
     service: Service = request.app.state.service
-    form = await request.form(max_files=0, max_fields=4)
+    form = await _small_form(request)
     session = tokens.open_session(service.db, str(form.get("token", "")))
     if session is None:
         return HTMLResponse(pages.login("That token is not valid."), status_code=401)
@@ -154,20 +188,22 @@ async def me(request: Request) -> Response:
     service: Service = request.app.state.service
     student = next(s for s in tokens.students(service.db) if s.id == who.student)
     subs = _detailed(service, queue.of_student(service.db, student.id))
+    error = request.query_params.get("error", "")
+    if not hmac.compare_digest(request.query_params.get("sig", ""), _signature(service, error)):
+        error = ""  # words in a link someone else made: not shown
     return HTMLResponse(pages.student_home(who, student, subs, device_html=_device_html(service),
-                                           deadlines=service.policy.to_dict()["deadlines"],
-                                           error=request.query_params.get("error", "")))
+                                           deadlines=service.policy.to_dict()["deadlines"], error=error))
 
 
 async def submit(request: Request) -> Response:
     """A new submission: the web form's (redirects to its page) or the API's (201 and JSON)."""
     who = _who(request)
     api = _api(request)
-    if not api:
-        _same_origin(request)
     if who.is_instructor or who.student is None:
         raise HTTPException(403, "only students hand in submissions")
     service: Service = request.app.state.service
+    if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+        raise HTTPException(415, "a submission is a multipart/form-data upload (form field 'file')")
     length = request.headers.get("content-length")
     if length is None:
         raise HTTPException(411, "the upload needs a Content-Length")
@@ -186,7 +222,7 @@ async def submit(request: Request) -> Response:
                     data_file=Path(data.name), size=data.tell(), policy=service.policy, selected=service.selected)
             except queue.Refused as exc:
                 if not api:
-                    return RedirectResponse(f"/me?error={_quote(str(exc))}", status_code=303)
+                    return RedirectResponse(f"/me?{_signed(service, str(exc))}", status_code=303)
                 headers = {"Retry-After": str(exc.retry_after_s)} if exc.retry_after_s else None
                 return JSONResponse({"error": str(exc)}, status_code=exc.status, headers=headers)
     if service.pool is not None:
@@ -198,20 +234,13 @@ async def submit(request: Request) -> Response:
                         status_code=201)
 
 
-def _quote(text: str) -> str:
-    from urllib.parse import quote
-
-    return quote(text[:300])
-
-
 async def set_leaderboard(request: Request) -> Response:
-    _same_origin(request)
     who = _who(request)
     if who.student is None:
         raise HTTPException(403, "only students appear on the leaderboard")
     from grader.grading.batch.submission import display_name
 
-    form = await request.form(max_files=0, max_fields=4)
+    form = await _small_form(request)
     service: Service = request.app.state.service
     with service.db.transaction() as conn:
         conn.execute("UPDATE students SET leaderboard = ?, display_name = COALESCE(?, display_name) WHERE id = ?",
@@ -280,24 +309,25 @@ async def instructor_page(request: Request) -> Response:
                                          queue.counts(service.db), device_html=_device_html(service)))
 
 
-def _class_folder(service: Service) -> Path:
+def _class_file(service: Service, name: str) -> bytes:
+    """One file of the class report, built afresh (one build at a time: each clears the folder first)."""
     out = service.folder / "class"
-    gradebook.build(service.db, folder=service.folder, out=out, course=service.course,
-                    all_exercises=service.all_exercises, exercises=[e.name for e in service.selected])
-    return out
+    with service.class_lock:
+        gradebook.build(service.db, folder=service.folder, out=out, course=service.course,
+                        all_exercises=service.all_exercises, exercises=[e.name for e in service.selected])
+        return (out / name).read_bytes()
 
 
 async def class_report(request: Request) -> Response:
     _who(request, instructor=True)
-    out = await run_in_threadpool(_class_folder, request.app.state.service)
-    return FileResponse(out / "class-report.html", media_type="text/html; charset=utf-8",
-                        headers={"Content-Security-Policy": REPORT_CSP})
+    body = await run_in_threadpool(_class_file, request.app.state.service, "class-report.html")
+    return Response(body, media_type="text/html; charset=utf-8", headers={"Content-Security-Policy": REPORT_CSP})
 
 
 async def grades_csv(request: Request) -> Response:
     _who(request, instructor=True)
-    out = await run_in_threadpool(_class_folder, request.app.state.service)
-    return FileResponse(out / "grades.csv", media_type="text/csv; charset=utf-8")
+    body = await run_in_threadpool(_class_file, request.app.state.service, "grades.csv")
+    return Response(body, media_type="text/csv; charset=utf-8")
 
 
 async def standings_json(request: Request) -> Response:
@@ -311,6 +341,8 @@ async def roster(request: Request) -> Response:
     _who(request, instructor=True)
     service: Service = request.app.state.service
     if request.method == "POST":
+        if not request.headers.get("content-type", "").startswith("application/json"):
+            raise HTTPException(415, "the roster takes JSON (Content-Type: application/json)")
         data = await request.json()
         try:
             token = tokens.add_student(service.db, str(data.get("student", "")), display_name=data.get("name"))

@@ -1,6 +1,7 @@
 """The speed leaderboard, per exercise: each student's best time per benchmark, as the grader measured it (never
-self-reported) for a part that passed every correctness check, with the GPU and the date. Names are shown only where a student opted in; the others appear as an
-anonymous id. On a server that grades on the CPU there are no times: speed is graded on a GPU only."""
+self-reported) for a part that passed every correctness check, with the GPU and the date. Names are shown only where
+a student opted in; the others appear as an anonymous id. On a server that grades on the CPU there are no times:
+speed is graded on a GPU only."""
 
 from __future__ import annotations
 

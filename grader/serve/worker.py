@@ -53,7 +53,11 @@ class Pool:
                 with self._wake:
                     self._wake.wait(IDLE_POLL_S)
                 continue
-            self._grade(job)
+            try:
+                self._grade(job)
+            except Exception:  # recording the outcome failed (the database busy or full): the thread goes on
+                traceback.print_exc(file=sys.stderr)
+                self._recover(job)
             self.wake()  # that student's next submission may run now
 
     def _grade(self, submission) -> None:
@@ -70,3 +74,14 @@ class Pool:
             queue.give_up_or_retry(self.db, submission, f"the grader failed: {type(exc).__name__}: {exc}")
             return
         queue.finish(self.db, submission, grade, times)
+
+    def _recover(self, submission) -> None:
+        """After a failure to record an attempt's outcome: queue it again (or mark it failed after its attempts), so
+        that neither it nor the student's later submissions wait for a restart; tried until the database answers."""
+        while not self._stop.is_set():
+            try:
+                queue.give_up_or_retry(self.db, submission, "queued again: its outcome could not be recorded")
+                return
+            except Exception:
+                traceback.print_exc(file=sys.stderr)
+                self._stop.wait(IDLE_POLL_S)
