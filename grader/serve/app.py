@@ -19,7 +19,7 @@ import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -108,8 +108,6 @@ async def _small_form(request: Request):
 def _signed(service: Service, message: str) -> str:
     """The query string that carries ``message`` to the next page, signed so that no other link can put words
     there."""
-    from urllib.parse import urlencode
-
     message = message[:300]
     return urlencode({"error": message, "sig": _signature(service, message)})
 
