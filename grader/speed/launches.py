@@ -217,7 +217,7 @@ def _timed_calls(call: Callable[[Any], Any], inputs: dict, trace: Path | None) -
 def _hold_ms(call: Callable[[Any], Any], inputs: dict, clock) -> float:
     """How long to hold the GPU before a profiled call: the timing engine's rule (:mod:`grader.speed.timing`) applied
     to the host time the call takes to launch under the profiler (which slows every launch)."""
-    from grader.speed.timing import HOLD_FACTOR, HOLD_MAX_MS, HOLD_MIN_MS
+    from grader.speed.timing import HOLD_MAX_MS, hold_ms
 
     launches = []
     with _profiler():
@@ -229,7 +229,7 @@ def _hold_ms(call: Callable[[Any], Any], inputs: dict, clock) -> float:
             call(values)
             launches.append((clock.wall() - launched) * 1e3)
             clock.sync()
-    return min(HOLD_MAX_MS, HOLD_FACTOR * statistics.median(launches) + HOLD_MIN_MS)
+    return min(HOLD_MAX_MS, hold_ms(statistics.median(launches)))
 
 
 def _launch_times(launches: list[Launch], timed: _TimedCall) -> list[float | None]:

@@ -59,6 +59,12 @@ HOLD_MAX_MS = 5.0
 DEFAULT_RULE = StopRule()
 
 
+def hold_ms(launch_ms: float) -> float:
+    """How long to hold the GPU before a call that takes ``launch_ms`` of host time to launch (uncapped: a result
+    above HOLD_MAX_MS means the call's launch gaps will be measured)."""
+    return HOLD_FACTOR * launch_ms + HOLD_MIN_MS
+
+
 @dataclass(frozen=True)
 class Candidate:
     """One implementation to time. ``fn(inputs)`` is the timed call. ``check(output, set_index)``
@@ -199,7 +205,7 @@ def measure(
             clock.sync()
             times.append(clock.elapsed_ms(start, end))
         estimates[candidate.name] = max(statistics.median(times), 1e-6)
-        hold = HOLD_FACTOR * statistics.median(launches) + HOLD_MIN_MS
+        hold = hold_ms(statistics.median(launches))
         holds[candidate.name] = min(HOLD_MAX_MS, hold)
         if hold > HOLD_MAX_MS:
             result.notes.append(f"{candidate.name} takes {statistics.median(launches):.2f} ms to launch a call (does "
