@@ -209,3 +209,18 @@ def test_verify_passes_on_the_solutions_and_fails_on_a_broken_tree(tmp_path, cap
     assert cli.main(["verify", "--solutions", str(CORPUS / "wrong_dtype"), *args]) == 1
     err = capsys.readouterr().err
     assert "grader verify: FAILED" in err and "gelu / forward: correctness" in err
+
+
+def test_the_profile_says_where_the_time_and_the_cpu_went(tmp_path, capsys):
+    """``--profile``: each exercise's steps (the longest worker group among them) and, for the batch, the wall time
+    and the host's CPU time split between the grader's own process and the rest (its workers and timers)."""
+    shutil.copytree(REPO / "solutions", tmp_path / "solutions")
+    grade_cmd.grade([str(tmp_path / "solutions")], out=tmp_path / "out", options=_options(profile=True))
+    err = capsys.readouterr().err
+    assert "batch profile: 1 submission(s), 1 exercise run(s)" in err
+    line = next(line for line in err.splitlines() if "CPU time" in line)
+    own, rest = (float(x) for x in re.search(r"own process (\S+) s .* the rest (\S+) s", line).groups())
+    assert own > 0 and rest > 1.0  # the worker imports torch and triton: well over a second of CPU
+    assert re.search(r"profile solutions gelu: .*longest worker group [0-9.]+ s", err)
+    state = json.loads((tmp_path / "out" / "students" / "solutions" / "state" / "gelu.json").read_text())
+    assert state["profile"]["longest worker group"] > 0 and state["counts"]["worker groups"] == 1

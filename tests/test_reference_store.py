@@ -103,7 +103,7 @@ def test_a_batch_computes_each_reference_once(tmp_path):
               for s in store.students(out)}
     first, second = sorted(counts.values(), key=lambda c: -c["references computed"])
     assert first["references computed"] > 0 and first["references reused"] == 0
-    assert second == {"references computed": 0, "references reused": first["references computed"]}
+    assert (second["references computed"], second["references reused"]) == (0, first["references computed"])
     assert any((out / store.REFERENCES / "gelu" / "forward").iterdir())
 
 
@@ -142,3 +142,4 @@ def test_runs_that_need_a_case_at_once_compute_it_once(tmp_path):
     assert len(calls) == 1
     assert sum(r.computed for r in runs) == 1 and sum(r.reused for r in runs) == 7
     assert all(torch.equal(r["y"], results[0]["y"]) for r in results)
+

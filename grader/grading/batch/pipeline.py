@@ -329,7 +329,7 @@ def run_local(ctx: Context, tasks: list[Task], work: Workspace, options: config.
                         device=run.get("device", ctx.description), students=students, batch=ctx.batch,
                         gradebook=gradebook, progress=progress, profile=options.profile,
                         sandbox=run.get("sandbox", ctx.sandbox_note))
-    cpu_before = profiling.host_cpu()
+    cpu_before, own_before = profiling.host_cpu(), profiling.own_cpu()
     # room for more runs than the batch has (one submission, say): each speed measurement in a worker of its own
     settings = replace(ctx.settings, speed_apart=ctx.device == "cuda" and len(tasks) < sum(s.capacity for s in slots))
     scheduler = Scheduler(slots, lambda task, slot: _grade_task(ctx, work, recorder, task, slot, settings),
@@ -345,7 +345,8 @@ def run_local(ctx: Context, tasks: list[Task], work: Workspace, options: config.
         progress.stop()
         recorder.close()
     if options.profile:
-        profiling.report(progress, slots, submissions=len({t.student for t in tasks}), cpu_before=cpu_before)
+        profiling.report(progress, slots, submissions=len({t.student for t in tasks}), cpu_before=cpu_before,
+                         own_before=own_before)
     if outcome.left:
         print(f"grader grade: every slot failed ({'; '.join(s.failed or '' for s in slots)}); "
               f"{len(outcome.left)} exercise run(s) left ungraded", file=sys.stderr)

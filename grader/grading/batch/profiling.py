@@ -1,8 +1,10 @@
-"""``grader grade --profile``: the batch's wall time, submissions per hour, host CPU use, and each GPU's turns alone."""
+"""``grader grade --profile``: the batch's wall time, submissions per hour, host CPU use (and whose: the grader's own
+process, or the workers and timers it started), and each GPU's turns alone."""
 
 from __future__ import annotations
 
 import os
+import resource
 import time
 
 from grader.grading.batch.progress import Progress
@@ -20,8 +22,14 @@ def host_cpu() -> tuple[float, float] | None:
     return sum(fields) - idle, sum(fields)
 
 
+def own_cpu() -> float:
+    """CPU seconds (user + system, every thread) this process has used so far."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def report(progress: Progress, slots: list[Slot], *, submissions: int,
-           cpu_before: tuple[float, float] | None = None) -> None:
+           cpu_before: tuple[float, float] | None = None, own_before: float | None = None) -> None:
     """``grader grade --profile``: the batch's wall time, submissions per hour, and how long each GPU was held alone
     (autotuning, recording and timed rounds) — the part of the work that cannot overlap."""
     wall = time.monotonic() - progress.started
@@ -31,6 +39,14 @@ def report(progress: Progress, slots: list[Slot], *, submissions: int,
     if cpu_before is not None and cpu_after is not None and cpu_after[1] > cpu_before[1]:
         busy = (cpu_after[0] - cpu_before[0]) / (cpu_after[1] - cpu_before[1])
         lines.append(f"  host CPU busy {100 * busy:.0f}% of {os.cpu_count()} cores on average")
+        if own_before is not None:  # a sandbox's processes escape RUSAGE_CHILDREN: the rest of the host is theirs
+            host_s = (cpu_after[0] - cpu_before[0]) / os.sysconf("SC_CLK_TCK")
+            own = own_cpu() - own_before
+            per = f" ({host_s / submissions:.0f} s per submission)" if submissions else ""
+            lines.append(f"  CPU time {host_s:.1f} s on the host{per}: the grader's own process {own:.1f} s "
+                         f"(planning, building inputs, judging, float64 references), the rest "
+                         f"{max(0.0, host_s - own):.1f} s (its workers and trusted timers: sandboxes, imports, "
+                         "compiling, the student's code, replays; and whatever else the host ran)")
     for slot in slots:
         if slot.is_gpu:
             arbiter = slot.arbiter

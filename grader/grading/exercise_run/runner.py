@@ -71,9 +71,15 @@ def grade_exercise(exercise: Exercise, root: Path, *, settings: RunSettings, scr
         arbiter = slot.arbiter if slot is not None else None
         groups = _groups(items, settings)
 
+        walls: list[float] = []  # each group's wall time: the longest is the exercise's critical path (--profile)
+
         def run_group(group: list) -> supervise.Run:
-            return supervise.run(exercise, root, group, settings, scratch=scratch, cache_dir=cache_dir,
-                                 on_reply=judge.on_reply, arbiter=arbiter, defer_speed=True, references=refs)
+            began = time.monotonic()
+            try:
+                return supervise.run(exercise, root, group, settings, scratch=scratch, cache_dir=cache_dir,
+                                     on_reply=judge.on_reply, arbiter=arbiter, defer_speed=True, references=refs)
+            finally:
+                walls.append(time.monotonic() - began)
 
         timer = _timer_ahead(settings, scratch, arbiter) if timed and settings.device == "cuda" else None
         try:
@@ -91,7 +97,9 @@ def grade_exercise(exercise: Exercise, root: Path, *, settings: RunSettings, scr
         finally:
             if timer is not None:
                 timer.close()
-        result.counts.update({"references computed": refs.computed, "references reused": refs.reused})
+        result.counts.update({"references computed": refs.computed, "references reused": refs.reused,
+                              "worker groups": len(groups)})
+        result.profile["longest worker group"] = max(walls, default=0.0)
         result.log = "\n".join(run.logs)
         result.problems = run.problems
         result.profile.update(run.profile)
