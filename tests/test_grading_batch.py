@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import re
 import shutil
 import time
@@ -226,3 +227,21 @@ def test_the_profile_says_where_the_time_and_the_cpu_went(tmp_path, capsys):
     assert re.search(r"profile solutions gelu: .*longest worker group [0-9.]+ s", err)
     state = json.loads((tmp_path / "out" / "students" / "solutions" / "state" / "gelu.json").read_text())
     assert state["profile"]["longest worker group"] > 0 and state["counts"]["worker groups"] == 1
+
+
+def test_the_profile_splits_the_hosts_cpu_time_between_the_grader_and_the_rest(monkeypatch):
+    """The host's busy time over the batch, the grader's own CPU time out of it, and the rest (its workers and timers,
+    whose CPU the kernel does not count among the grader's children when they run in a sandbox)."""
+    from types import SimpleNamespace
+
+    from grader.grading.batch import profiling
+
+    ticks = os.sysconf("SC_CLK_TCK")
+    monkeypatch.setattr(profiling, "host_cpu", lambda: (12.0 * ticks, 40.0 * ticks))  # 10 s busy of 32 since before
+    monkeypatch.setattr(profiling, "own_cpu", lambda: 5.0)  # 3 s of it the grader's own
+    notes = []
+    progress = SimpleNamespace(started=time.monotonic() - 20.0, done=4, note=notes.append)
+    profiling.report(progress, [], submissions=2, cpu_before=(2.0 * ticks, 8.0 * ticks), own_before=2.0)
+    assert "host CPU busy 31% of" in notes[0]
+    assert ("CPU time 10.0 s on the host (5 s per submission): the grader's own process 3.0 s" in notes[0]
+            and "the rest 7.0 s (its workers and trusted timers" in notes[0]), notes[0]
