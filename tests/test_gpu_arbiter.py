@@ -224,3 +224,38 @@ def test_an_autotuner_timing_its_configs_has_the_gpu_alone_once_per_choice(monke
             add_one[lambda meta: (triton.cdiv(100, meta["BLOCK"]),)](x, 100)
     assert Recording.turns == 1
     assert torch.equal(x, torch.full((100,), float(timed_calls)))
+
+
+@pytest.mark.parametrize("one_turn", [False, True])
+def test_a_parts_autotuning_choices_take_one_turn_alone_in_all(monkeypatch, one_turn):
+    """Two shapes, two choices: one turn each in plain TUNE mode; one for both inside ``one_turn()`` (the speed
+    recording of a part), since every turn pauses every other process on the GPU."""
+    import torch
+    import triton
+    import triton.language as tl
+
+    from grader.speed import autotune
+
+    class Recording(gpu_gate.NoGate):
+        turns = 0
+
+        def alone(self):
+            Recording.turns += 1
+            return super().alone()
+
+    monkeypatch.setattr(gpu_gate, "_current", Recording())
+    autotune.install(default=autotune.TUNE)
+
+    @triton.autotune(configs=[triton.Config({"BLOCK": 16}), triton.Config({"BLOCK": 32})], key=["n"])
+    @triton.jit
+    def add_one(x_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) + 1, mask=offs < n)
+
+    monkeypatch.setitem(add_one.__dict__, "do_bench", lambda fn, quantiles=None, **kw: [1.0, 1.0, 1.0])
+    x = torch.zeros(200)
+    with autotune.one_turn() if one_turn else autotune.mode(autotune.TUNE):
+        for n in (100, 200):
+            add_one[lambda meta, n=n: (triton.cdiv(n, meta["BLOCK"]),)](x, n)
+    assert Recording.turns == (1 if one_turn else 2)
+    assert torch.equal(x[:100], torch.full((100,), 2.0)) and torch.equal(x[100:], torch.ones(100))

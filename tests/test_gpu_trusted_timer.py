@@ -1,8 +1,8 @@
-"""GPU acceptance of the trusted timer (``pytest -m gpu``): every reference solution's call is recorded and its
-kernels replay in the timer process (FlashAttention's host tensor descriptors, several kernels per call, two
-streams in its backward) and compute the function; and every cheating fixture of tests/cheating, graded by
-``grader grade``, earns no more speed credit than its honest twin (the same kernel, no forgery). Skipped on a
-CPU."""
+"""GPU acceptance of the trusted timer (``pytest -m gpu``): every reference solution's call is recorded and its kernels
+replay in the timer process (FlashAttention's host tensor descriptors, several kernels per call, two streams in its
+backward) and compute the function, all of a part's benchmarks timed in one turn alone; and every cheating fixture
+of tests/cheating, graded by ``grader grade``, earns no more speed credit than its honest twin (the same kernel, no
+forgery). Skipped on a CPU."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from grader.grading import config
 from grader.grading.commands import grade as grade_cmd
 from grader.grading.exercise_run import timer_process
 from grader.grading.isolation import bwrap
+from grader.grading.isolation.gpu_arbiter import GpuArbiter
 from grader.grading.results.results import ExerciseResult
 from grader.speed import calibrate, measure
 from grader.speed.plan import LaunchPlan
@@ -45,8 +46,11 @@ def test_every_reference_replays_in_the_timer_process(exercise, part, tmp_path):
         assert isinstance(plans[bench.label], LaunchPlan), f"{bench.label}: {plans[bench.label]}"
     recorded = measure.SpeedMeasurement(torch.cuda.get_device_name(),
                                         [measure.BenchmarkTiming(b.label) for b in part.benchmarks], plans=plans)
+    arbiter = GpuArbiter()
     timed = timer_process.time_measurement(_settings(tmp_path), exercise.name, part.name, recorded,
-                                           budget_s=0.5 * len(part.benchmarks), scratch=tmp_path / "scratch")
+                                           budget_s=0.5 * len(part.benchmarks), scratch=tmp_path / "scratch",
+                                           arbiter=arbiter)
+    assert arbiter.alone_count == 1  # one turn alone for all the part's benchmarks: each turn pauses the others
     assert timed.mismatches == []
     assert [r.label for r in timed.benchmarks] == [b.label for b in part.benchmarks]
     for row in timed.benchmarks:

@@ -31,7 +31,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 
@@ -68,8 +68,10 @@ class Gate(NoGate):
     """A process's end of its GPU's arbiter (see the module docstring). ``watch`` (the worker's watchdog) is told
     when the process starts and stops waiting for the GPU — paused, or waiting for it alone: not its own time."""
 
-    def __init__(self, from_arbiter: int, to_arbiter: int, *, watch: Watch | None = None):
+    def __init__(self, from_arbiter: int, to_arbiter: int, *, watch: Watch | None = None,
+                 synchronize: Callable[[], None] | None = None):
         self._read_fd, self._write_fd = from_arbiter, to_arbiter
+        self._synchronize = synchronize or _synchronize  # waits for this process's GPU work, before "paused"
         self._cond = threading.Condition()
         self._local = threading.local()
         self._users = 0  # threads inside use() and not released()
@@ -173,7 +175,7 @@ class Gate(NoGate):
         with self._cond:
             if not self._paused:
                 self._paused, self._paused_since = True, time.monotonic()
-        _synchronize()  # what this process queued before the pause has finished when the arbiter hears "D"
+        self._synchronize()  # what this process queued before the pause has finished when the arbiter hears "D"
         self._wait_starts()
         self._send(b"D")
 

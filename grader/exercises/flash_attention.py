@@ -6,8 +6,8 @@ large enough that exp overflows without the running max, fp32/fp16/bf16.
 Three parts, two reports: ``forward`` (o and lse), ``backward`` (dq, dk, dv from
 ``flash_attention_backward`` given float64-exact o and lse) and ``autograd`` (o, dq, dk, dv end to end
 through ``flash_attention(...).backward(do)``), the last two reported together as "backward".
-References are float64 on the CPU. The forward's extra check ``memory`` (:data:`MEMORY_CHECK`) makes sure it
-never materializes the Nq×Nk score matrix.
+References are float64 (:func:`attention64`, a chunk of the batch and heads at a time). The forward's extra
+check ``memory`` (:data:`MEMORY_CHECK`) makes sure it never materializes the Nq×Nk score matrix.
 """
 
 from __future__ import annotations
@@ -49,14 +49,38 @@ def _scale(case_or_inputs) -> float:
     return case_or_inputs["d"] ** -0.5 if scale is None else scale
 
 
-def attention64(q, k, v, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """float64 reference: explicit softmax(scale·QKᵀ + mask)·V and the natural-log logsumexp."""
-    q, k, v = (t.to(torch.float64) for t in (q, k, v))
+CHUNK_BYTES = 256 << 20  # the float64 scores of one chunk of (batch, head) rows: bounds a reference's memory
+
+
+def _attention(q, k, v, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(scale·QKᵀ + mask)·V and the natural-log logsumexp, as written (q, k, v already float64)."""
     s = (q @ k.transpose(-1, -2)) * scale
     if causal:
         nq, nk = s.shape[-2:]
         s = s.masked_fill(torch.ones(nq, nk, dtype=torch.bool, device=s.device).triu(1), float("-inf"))
     return torch.softmax(s, dim=-1) @ v, torch.logsumexp(s, dim=-1)
+
+
+def _chunks(q: torch.Tensor, k: torch.Tensor) -> list[slice]:
+    """Slices of the flattened (batch, head) rows whose scores take at most :data:`CHUNK_BYTES` together: a
+    benchmark call's whole score matrix (b8, h16, n2048) would take 4 GiB in float64, and autograd keeps several."""
+    rows, per_row = q.shape[0], q.shape[-2] * k.shape[-2] * 8
+    step = max(1, CHUNK_BYTES // max(1, per_row))
+    return [slice(i, min(rows, i + step)) for i in range(0, rows, step)] or [slice(0, 0)]
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """float64, the leading (batch, head) dimensions flattened into one."""
+    return t.detach().to(torch.float64).reshape(-1, *t.shape[-2:])
+
+
+def attention64(q, k, v, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 reference: explicit softmax(scale·QKᵀ + mask)·V and the natural-log logsumexp, a chunk of the
+    (batch, head) rows at a time."""
+    q3, k3, v3 = _rows(q), _rows(k), _rows(v)
+    outs = [_attention(q3[c], k3[c], v3[c], causal, scale) for c in _chunks(q3, k3)]
+    o, lse = torch.cat([o for o, _ in outs]), torch.cat([lse for _, lse in outs])
+    return o.reshape(*q.shape[:-1], v.shape[-1]), lse.reshape(q.shape[:-1])
 
 
 def _params(case: Case) -> dict:
@@ -91,10 +115,17 @@ def make_backward_inputs(case: Case) -> dict:
 
 
 def _grads64(inputs: dict) -> tuple[torch.Tensor, ...]:
-    q, k, v = (inputs[n].detach().to(torch.float64).requires_grad_(True) for n in ("q", "k", "v"))
-    o, _ = attention64(q, k, v, inputs["causal"], _scale(inputs))
-    o.backward(inputs["do"].to(torch.float64))
-    return o.detach(), q.grad, k.grad, v.grad
+    """o, dq, dk, dv of o.backward(do) in float64, a chunk of the (batch, head) rows at a time (the rows are
+    independent, so each chunk's graph is freed before the next is built)."""
+    q3, k3, v3, do3 = (_rows(inputs[n]) for n in ("q", "k", "v", "do"))
+    outs = []
+    for c in _chunks(q3, k3):
+        q, k, v = (t[c].detach().requires_grad_(True) for t in (q3, k3, v3))
+        o, _ = _attention(q, k, v, inputs["causal"], _scale(inputs))
+        o.backward(do3[c])
+        outs.append((o.detach(), q.grad, k.grad, v.grad))
+    shapes = [inputs["do"].shape, inputs["q"].shape, inputs["k"].shape, inputs["v"].shape]
+    return tuple(torch.cat([out[i] for out in outs]).reshape(shape) for i, shape in enumerate(shapes))
 
 
 def forward_reference(inputs: dict) -> dict:
@@ -446,7 +477,7 @@ def _bench_fb(label, lead, n, d, causal) -> Benchmark:  # forward + backward: 1 
     return Benchmark(label, _case(lead, n, n, d, "bfloat16", causal), flops=lambda inp: _flops(inp, 3.5))
 
 
-_BENCH_SIZES = (  # bf16; the cheapest first: the speed recheck computes its float64 reference on the CPU
+_BENCH_SIZES = (  # bf16; the cheapest first: the speed recheck computes its float64 reference (maybe on the CPU)
     # batch 8: the reference's Python launch path costs ~0.1 ms per forward and ~0.45 ms per
     # forward+backward through autograd (measured on an H200), as much as the GPU time at batch 4:
     # ratios then varied by 9% (CV) across 10 runs; at batch 1 by 21%

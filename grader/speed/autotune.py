@@ -12,8 +12,9 @@ leave it alone):
 * ``COMPILE`` (the speed warm-up, sharing the GPU): every candidate is compiled and run once, not timed.
 * ``TUNE`` (the speed recording): Triton's own autotuning, timing the candidates that are already compiled, with
   the GPU alone (:func:`grader.checks.gpu_gate.current`'s ``alone()``, taken when the first candidate is timed and
-  given back when the autotuner has chosen). :func:`forget_untimed` first drops every choice made in the other
-  modes.
+  given back when the autotuner has chosen; inside :func:`one_turn`, given back at the end of that block, so that
+  a part's choices, one per benchmark and kernel, cost the other processes on the GPU one pause, not one each).
+  :func:`forget_untimed` first drops every choice made in the other modes.
 
 Choices made in ``FIRST``/``COMPILE`` are never written to Triton's on-disk autotune cache.
 """
@@ -55,6 +56,18 @@ def mode(name: str) -> Iterator[None]:
             _state.mode = previous
 
 
+@contextlib.contextmanager
+def one_turn() -> Iterator[None]:
+    """The block in ``TUNE`` mode, with one turn alone for all its autotuning: taken when the first candidate is
+    timed (a block that times none asks for nothing), given back when the block ends."""
+    with contextlib.ExitStack() as turn, mode(TUNE):
+        _state.turn, _state.turn_taken = turn, False
+        try:
+            yield
+        finally:
+            _state.turn = None
+
+
 def install(default: str = FIRST) -> bool:
     """Patch Triton's autotuner (once per process); False where this Triton's autotuner is not the one this
     module knows (then it autotunes as usual)."""
@@ -94,6 +107,12 @@ def install(default: str = FIRST) -> bool:
     def patched_bench(self, *args, config, **meta):
         current = _mode()
         if current == TUNE:
+            turn = getattr(_state, "turn", None)
+            if turn is not None:
+                if not _state.turn_taken:
+                    turn.enter_context(gpu_gate.current().alone())
+                    _state.turn_taken = True
+                return bench(self, *args, config=config, **meta)
             alone = getattr(_state, "alone", None)
             if alone is not None:
                 alone.enter_context(gpu_gate.current().alone())

@@ -228,8 +228,8 @@ def measure_benchmark(
 
 def recheck_case(part: Part, secret_seed: int) -> Case:
     """The case of the part's *first* benchmark, seeded from ``secret_seed`` so that its inputs
-    differ from every timed input. Its float64 reference is computed on the CPU, so an exercise
-    lists its cheapest benchmark first."""
+    differ from every timed input. Its float64 reference may be computed on the CPU (a GPU's that did not fit
+    the grader's share), so an exercise lists its cheapest benchmark first."""
     bench = part.benchmarks[0]
     return bench.case.with_seed(mixed_seed(str(secret_seed), "speed-recheck", part.name, bench.label))
 

@@ -10,8 +10,9 @@ the others). It holds no secret and nothing of another student: whatever a repla
 ends with the process.
 
 With ``--gate``, the two pipes to the GPU's arbiter (:mod:`grader.checks.gpu_gate`): the timer has the GPU alone
-for each benchmark's timed rounds; its start-up, loading the kernels and the validation replays share it with
-other students' work.
+for the timed rounds of a part's benchmarks, all in one turn (each turn pauses every other process on the GPU,
+which costs them the wait for their GPU work in flight); its start-up, loading the kernels and the validation
+replays share the GPU with other students' work.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 
 from grader.speed.plan import LaunchPlan, PlanError
 
-PROGRESS = "progress.txt"  # beside the result: "<job> <label>" for each benchmark as its replay starts
+PROGRESS = "progress.txt"  # beside the result: "<job> <label>" before each step that runs a benchmark's kernels
 
 
 @dataclass
@@ -68,9 +69,10 @@ def job_result(first: Path, index: int) -> Path:
 
 
 def run(job: TimerJob, folder: Path, *, index: int = 0) -> TimerResult:
-    """Time every plan of ``job`` (see the module docstring), working in ``folder``; ``"<index> <label>"`` is
-    appended to ``folder/PROGRESS`` before each benchmark's kernels are loaded, so that whoever started the timer
-    knows which benchmark a crash or a hang belongs to."""
+    """Time every plan of ``job`` (see the module docstring), working in ``folder``: every replay loaded and
+    validated, then the timed rounds of all of them in one turn alone, then each validated again. ``"<index>
+    <label>"`` is appended to ``folder/PROGRESS`` before each step that runs a benchmark's kernels, so that whoever
+    started the timer knows which benchmark a crash or a hang belongs to."""
     import torch
 
     from grader import exercises
@@ -81,19 +83,39 @@ def run(job: TimerJob, folder: Path, *, index: int = 0) -> TimerResult:
     result = TimerResult(torch.cuda.get_device_name())
     planned = [b for b in part.benchmarks if b.label in job.plans]
     per_benchmark = job.budget_s / max(1, len(planned))
-    for i, bench in enumerate(planned):
-        with open(folder / PROGRESS, "a") as progress:
-            progress.write(f"{index} {bench.label.replace(' ', '_')}\n")
-        gate = gpu_gate.current()
-        with gate.use():
-            timed = trusted.time_plan(part, bench, job.plans[bench.label], folder=folder / "replay" / f"j{index}b{i}",
-                                      budget_s=per_benchmark, baselines=job.baselines, alone=gate.alone)
-        result.benchmarks.append(timed.row.to_dict())
-        if timed.mismatch:
-            result.mismatches.append(f"{bench.label}: {timed.mismatch}")
-        if timed.row.error:
-            break
+    gate = gpu_gate.current()
+    prepared: list[trusted.Prepared] = []
+    with gate.use():
+        for i, bench in enumerate(planned):  # load and validate every benchmark's replay, sharing the GPU
+            _started(folder, index, bench.label)
+            entry = trusted.prepare(part, bench, job.plans[bench.label], folder=folder / "replay" / f"j{index}b{i}")
+            prepared.append(entry)
+            if entry.replay is None:  # refused, failed or wrong: the benchmarks after it are not timed
+                break
+        ready = [entry for entry in prepared if entry.replay is not None]
+        if ready:
+            with gate.alone():  # one turn for the part's timed rounds: each turn costs the others a pause
+                for entry in ready:
+                    _started(folder, index, entry.bench.label)
+                    trusted.measure_prepared(entry, budget_s=per_benchmark, baselines=job.baselines)
+                    if entry.row.error:
+                        del prepared[prepared.index(entry) + 1:]
+                        break
+        for entry in prepared:  # each replay validated again after its timed rounds
+            _started(folder, index, entry.bench.label)
+            timed = trusted.finish(entry)
+            result.benchmarks.append(timed.row.to_dict())
+            if timed.mismatch:
+                result.mismatches.append(f"{entry.bench.label}: {timed.mismatch}")
+            if timed.row.error:
+                break
     return result
+
+
+def _started(folder: Path, index: int, label: str) -> None:
+    """Say which benchmark runs student kernels from now (a crash or a hang is charged to it)."""
+    with open(folder / PROGRESS, "a") as progress:
+        progress.write(f"{index} {label.replace(' ', '_')}\n")
 
 
 def _write(path: Path, result: TimerResult) -> None:

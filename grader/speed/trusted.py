@@ -106,44 +106,100 @@ def validate(part: Part, bench: Benchmark, replay: replay_mod.Replay, seed: int)
     return compare(replayed, expected)
 
 
+@dataclass
+class Prepared:
+    """A benchmark's plan checked, its kernels loaded and its replay validated (:func:`prepare`), ready for
+    :func:`measure_prepared` with the GPU alone, then :func:`finish`. ``replay`` None: nothing to time (``over``:
+    the row is final as it is)."""
+
+    part: Part
+    bench: Benchmark
+    row: measure.BenchmarkTiming
+    started: float
+    replay: replay_mod.Replay | None = None
+    mismatch: str | None = None
+    plan_summary: str = ""
+    over: bool = False
+
+
+def prepare(part: Part, bench: Benchmark, plan: plan_mod.LaunchPlan, *, folder: Path) -> Prepared:
+    """Check ``plan``, load its kernels and validate the replay once (sharing the GPU)."""
+    prepared = Prepared(part, bench, measure.BenchmarkTiming(bench.label), time.monotonic(),
+                        plan_summary=plan.summary())
+    sources = measure.input_sets(part, bench, 1, device="cuda")
+    input_bytes = {k: v.untyped_storage().nbytes() for k, v in sources[0].items() if isinstance(v, torch.Tensor)}
+    del sources
+    refused = plan_mod.problems(plan, input_bytes, output_names=tuple(plan.outputs))
+    if refused:
+        prepared.row.error = ("not measurable: the recorded launches cannot be replayed safely: "
+                              + "; ".join(refused[:3]))
+        prepared.over = True
+        return prepared
+    try:
+        replay = replay_mod.Replay(plan, folder)
+    except replay_mod.ReplayError as exc:
+        prepared.row.error = f"not measurable: {exc}"
+        prepared.over = True
+        return prepared
+    try:
+        prepared.mismatch = validate(part, bench, replay, random.SystemRandom().getrandbits(62))
+    except Exception as exc:  # a launch the driver refused, a kernel that faulted: the student's kernels
+        prepared.row.error = f"the replayed kernels failed: {type(exc).__name__}: {exc}"
+        prepared.over = True
+        return prepared
+    if prepared.mismatch is None:
+        prepared.replay = replay
+    return prepared
+
+
+def measure_prepared(prepared: Prepared, *, budget_s: float, baselines: list[str] | None = None,
+                     samples: list[float] | None = None,
+                     extra: Mapping[str, Callable[[Any], Any]] | None = None) -> None:
+    """The timed rounds of a prepared benchmark against ``baselines`` (default: the grading baselines) and
+    ``extra`` candidates: the caller holds the GPU alone."""
+    if prepared.replay is None:
+        return
+    try:
+        prepared.row = measure.measure_benchmark(prepared.part, prepared.replay, prepared.bench, device="cuda",
+                                                 budget_s=budget_s, baselines=baselines, samples=samples,
+                                                 extra=extra)
+    except Exception as exc:
+        prepared.row = measure.BenchmarkTiming(prepared.bench.label,
+                                               error=f"the replayed kernels failed: {type(exc).__name__}: {exc}")
+        prepared.replay, prepared.over = None, True
+
+
+def finish(prepared: Prepared) -> Timed:
+    """Validate the replay again after its timed rounds (sharing the GPU), and the benchmark's row."""
+    row = prepared.row
+    if prepared.over:
+        return Timed(row)
+    if prepared.replay is not None and not row.error:
+        try:
+            prepared.mismatch = validate(prepared.part, prepared.bench, prepared.replay,
+                                         random.SystemRandom().getrandbits(62))
+        except Exception as exc:
+            row.error = f"the replayed kernels failed: {type(exc).__name__}: {exc}"
+            return Timed(row)
+    if prepared.mismatch:
+        row.error = f"the replayed kernels did not compute the function: {prepared.mismatch}"
+        row.times = {}
+    row.warmup_s = time.monotonic() - prepared.started - row.timed_s
+    row.notes.append(f"timed by replaying {prepared.plan_summary}")
+    return Timed(row, prepared.mismatch)
+
+
 def time_plan(part: Part, bench: Benchmark, plan: plan_mod.LaunchPlan, *, folder: Path, budget_s: float,
               baselines: list[str] | None = None, samples: list[float] | None = None,
               extra: Mapping[str, Callable[[Any], Any]] | None = None,
               alone: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext) -> Timed:
     """Check ``plan``, replay it, validate it, and time it against ``baselines`` (default: the grading
     baselines) and ``extra`` candidates on ``bench``; the timing inside ``alone()`` (the GPU held alone)."""
-    started = time.monotonic()
-    row = measure.BenchmarkTiming(bench.label)
-    sources = measure.input_sets(part, bench, 1, device="cuda")
-    input_bytes = {k: v.untyped_storage().nbytes() for k, v in sources[0].items() if isinstance(v, torch.Tensor)}
-    del sources
-    refused = plan_mod.problems(plan, input_bytes, output_names=tuple(plan.outputs))
-    if refused:
-        row.error = "not measurable: the recorded launches cannot be replayed safely: " + "; ".join(refused[:3])
-        return Timed(row)
-    try:
-        replay = replay_mod.Replay(plan, folder)
-    except replay_mod.ReplayError as exc:
-        row.error = f"not measurable: {exc}"
-        return Timed(row)
-    rng = random.SystemRandom()
-    try:
-        mismatch = validate(part, bench, replay, rng.getrandbits(62))
-        if mismatch is None:
-            with alone():
-                row = measure.measure_benchmark(part, replay, bench, device="cuda", budget_s=budget_s,
-                                                baselines=baselines, samples=samples, extra=extra)
-            if not row.error:
-                mismatch = validate(part, bench, replay, rng.getrandbits(62))
-    except Exception as exc:  # a launch the driver refused, a kernel that faulted: the student's kernels
-        row.error = f"the replayed kernels failed: {type(exc).__name__}: {exc}"
-        return Timed(row)
-    if mismatch:
-        row.error = f"the replayed kernels did not compute the function: {mismatch}"
-        row.times = {}
-    row.warmup_s = time.monotonic() - started - row.timed_s
-    row.notes.append(f"timed by replaying {plan.summary()}")
-    return Timed(row, mismatch)
+    prepared = prepare(part, bench, plan, folder=folder)
+    if prepared.replay is not None:
+        with alone():
+            measure_prepared(prepared, budget_s=budget_s, baselines=baselines, samples=samples, extra=extra)
+    return finish(prepared)
 
 
 def measure_replayed(part: Part, module: ModuleType, bench: Benchmark, *, budget_s: float,

@@ -8,6 +8,7 @@ import resource
 import time
 
 from grader.grading.batch.progress import Progress
+from grader.grading.exercise_run import gpu_references
 from grader.grading.exercise_run.slots import Slot
 
 
@@ -55,4 +56,8 @@ def report(progress: Progress, slots: list[Slot], *, submissions: int,
                          f"({100 * arbiter.alone_s / wall if wall > 0 else 0:.0f}% of the wall time) in "
                          f"{arbiter.alone_count} turn(s); waiting for the others' GPU work before them "
                          f"{arbiter.drain_s:.1f} s in all")
+            refs = gpu_references.of(arbiter)
+            if refs is not None:
+                lines.append(f"    the grader's float64 references: {refs.on_gpu} on this GPU, {refs.on_cpu} on the CPU"
+                             + (f" (the GPU failed: {refs.broken})" if refs.broken else ""))
     progress.note("\n".join(lines))

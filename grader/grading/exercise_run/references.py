@@ -25,6 +25,7 @@ import os
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,12 @@ import torch
 from grader.checks.spec import Case, Inputs, Part
 
 MAC_BYTES = 32
+
+Compute = Callable[[Part, Inputs], dict[str, Any]]  # how a reference is computed: on the CPU, or a GPU's
+
+
+def _on_cpu(part: Part, inputs: Inputs) -> dict[str, Any]:
+    return part.reference(inputs)
 
 
 def _spec_fingerprint(part: Part) -> str:
@@ -130,13 +137,16 @@ class ReferenceStore:
             with contextlib.suppress(OSError, UnboundLocalError):
                 os.unlink(tmp)
 
-    def reference(self, exercise: str, part: Part, case: Case, inputs: Inputs) -> tuple[dict[str, Any], bool]:
-        """The reference of ``case`` (computed from ``inputs``): stored, or computed and stored; and whether it
-        was computed here. Runs of this process that need the same case at once compute it once: the others wait
-        for it (a computation never waits for anything, so no two runs wait for each other)."""
+    def reference(self, exercise: str, part: Part, case: Case, inputs: Inputs, *,
+                  compute: Compute | None = None) -> tuple[dict[str, Any], bool]:
+        """The reference of ``case`` (computed from ``inputs`` by ``compute``, ``part.reference`` by default):
+        stored, or computed and stored; and whether it was computed here. Runs of this process that need the same
+        case at once compute it once: the others wait for it (a computation never waits for anything, so no two
+        runs wait for each other)."""
+        compute = compute or _on_cpu
         path = self.path(exercise, part, case)
         if path is None:
-            return part.reference(inputs), True
+            return compute(part, inputs), True
         while True:
             found = self.load(exercise, part, case)
             if found is not None:
@@ -149,7 +159,7 @@ class ReferenceStore:
                 break
             running.wait(600.0)  # then load what it stored (or compute, if it failed)
         try:
-            expected = part.reference(inputs)
+            expected = compute(part, inputs)
             self.save(exercise, part, case, inputs, expected)
             return expected, True
         finally:
@@ -167,8 +177,8 @@ class CaseReferences:
     """One exercise run's view of the store: :meth:`inputs` for the request, then :meth:`expected` for the
     verdict (loaded with the inputs, or computed from them and stored)."""
 
-    def __init__(self, store: ReferenceStore, exercise: str):
-        self.store, self.exercise = store, exercise
+    def __init__(self, store: ReferenceStore, exercise: str, *, compute: Compute | None = None):
+        self.store, self.exercise, self.compute = store, exercise, compute
         self.computed = self.reused = 0  # this run's, for grader grade --profile
         self._loaded: dict[tuple[str, str], dict[str, torch.Tensor]] = {}
         self._lock = threading.Lock()
@@ -192,7 +202,7 @@ class CaseReferences:
             expected = self._loaded.get(self._key(part, case))
         if expected is not None:
             return expected
-        expected, computed = self.store.reference(self.exercise, part, case, inputs)
+        expected, computed = self.store.reference(self.exercise, part, case, inputs, compute=self.compute)
         with self._lock:
             if computed:
                 self.computed += 1

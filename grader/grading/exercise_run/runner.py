@@ -17,8 +17,8 @@ from pathlib import Path
 from grader.checks import loader
 from grader.checks.spec import Exercise
 from grader.grading.config import RunSettings
+from grader.grading.exercise_run import gpu_references, references, supervise, timer_process, workers
 from grader.grading.exercise_run import plan as plan_mod
-from grader.grading.exercise_run import references, supervise, timer_process, workers
 from grader.grading.exercise_run.judging import GRADER_FAULT, ExerciseJudge, grader_error
 from grader.grading.exercise_run.slots import Slot
 from grader.grading.results.results import (
@@ -65,7 +65,9 @@ def grade_exercise(exercise: Exercise, root: Path, *, settings: RunSettings, scr
         seen_root, seen_package = workers.worker_view(settings, root)
         # the kernels' files as the worker reports them: under its view of the tree
         student_dir = os.path.join(seen_root, exercise.name) if settings.sandbox else os.path.realpath(path.parent)
-        refs = references.CaseReferences(settings.references or references.local(settings.secret), exercise.name)
+        on_gpu = gpu_references.for_slot(slot)  # the float64 references on the slot's GPU, if it has one
+        refs = references.CaseReferences(settings.references or references.local(settings.secret), exercise.name,
+                                         compute=on_gpu.compute if on_gpu is not None else None)
         judge = ExerciseJudge(exercise, device=settings.device, student_dir=student_dir, gpu_name=settings.gpu_name,
                               curves=settings.speed_curves, references=refs)
         arbiter = slot.arbiter if slot is not None else None

@@ -19,7 +19,9 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+
+from grader.checks.gpu_gate import Gate
 
 SLOW_DRAIN_S = 10.0  # a pause that takes longer is said on stderr (diagnostics)
 
@@ -48,6 +50,9 @@ class Client:
         for fd in self.process_fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
+        self._start_listening()
+
+    def _start_listening(self) -> None:
         threading.Thread(target=self._listen, name=f"gpu-arbiter-{self.name}", daemon=True).start()
 
     def close(self) -> None:
@@ -166,6 +171,14 @@ class GpuArbiter:
             else:
                 client.send(b"C")
         return client
+
+    def connect_here(self, name: str, *, synchronize: Callable[[], None]) -> Gate:
+        """A gate for GPU work of the grader's own process (its float64 references): a client like a process's,
+        both ends of whose pipes stay here. ``synchronize`` waits for that work on this GPU (for a pause)."""
+        client = self.connect(name)
+        gate = Gate(*client.process_fds, synchronize=synchronize)
+        client._start_listening()
+        return gate
 
     @contextlib.contextmanager
     def alone(self) -> Iterator[None]:
