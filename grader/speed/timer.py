@@ -98,8 +98,7 @@ def run(job: TimerJob, folder: Path, *, index: int = 0) -> TimerResult:
                 for entry in ready:
                     _started(folder, index, entry.bench.label)
                     trusted.measure_prepared(entry, budget_s=per_benchmark, baselines=job.baselines)
-                    if entry.row.error:
-                        del prepared[prepared.index(entry) + 1:]
+                    if entry.row.error:  # its row ends the part's rows (below)
                         break
         for entry in prepared:  # each replay validated again after its timed rounds
             _started(folder, index, entry.bench.label)

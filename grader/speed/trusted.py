@@ -115,17 +115,26 @@ class Prepared:
     part: Part
     bench: Benchmark
     row: measure.BenchmarkTiming
-    started: float
     replay: replay_mod.Replay | None = None
     mismatch: str | None = None
     plan_summary: str = ""
     over: bool = False
+    own_s: float = 0.0  # loading and validating, counted in the row's warm-up (the wait for the turn is not)
 
 
 def prepare(part: Part, bench: Benchmark, plan: plan_mod.LaunchPlan, *, folder: Path) -> Prepared:
     """Check ``plan``, load its kernels and validate the replay once (sharing the GPU)."""
-    prepared = Prepared(part, bench, measure.BenchmarkTiming(bench.label), time.monotonic(),
-                        plan_summary=plan.summary())
+    started = time.monotonic()
+    prepared = Prepared(part, bench, measure.BenchmarkTiming(bench.label), plan_summary=plan.summary())
+    try:
+        _prepare(prepared, plan, folder)
+    finally:
+        prepared.own_s += time.monotonic() - started
+    return prepared
+
+
+def _prepare(prepared: Prepared, plan: plan_mod.LaunchPlan, folder: Path) -> None:
+    part, bench = prepared.part, prepared.bench
     sources = measure.input_sets(part, bench, 1, device="cuda")
     input_bytes = {k: v.untyped_storage().nbytes() for k, v in sources[0].items() if isinstance(v, torch.Tensor)}
     del sources
@@ -134,22 +143,21 @@ def prepare(part: Part, bench: Benchmark, plan: plan_mod.LaunchPlan, *, folder: 
         prepared.row.error = ("not measurable: the recorded launches cannot be replayed safely: "
                               + "; ".join(refused[:3]))
         prepared.over = True
-        return prepared
+        return
     try:
         replay = replay_mod.Replay(plan, folder)
     except replay_mod.ReplayError as exc:
         prepared.row.error = f"not measurable: {exc}"
         prepared.over = True
-        return prepared
+        return
     try:
         prepared.mismatch = validate(part, bench, replay, random.SystemRandom().getrandbits(62))
     except Exception as exc:  # a launch the driver refused, a kernel that faulted: the student's kernels
         prepared.row.error = f"the replayed kernels failed: {type(exc).__name__}: {exc}"
         prepared.over = True
-        return prepared
+        return
     if prepared.mismatch is None:
         prepared.replay = replay
-    return prepared
 
 
 def measure_prepared(prepared: Prepared, *, budget_s: float, baselines: list[str] | None = None,
@@ -175,16 +183,19 @@ def finish(prepared: Prepared) -> Timed:
     if prepared.over:
         return Timed(row)
     if prepared.replay is not None and not row.error:
+        started = time.monotonic()
         try:
             prepared.mismatch = validate(prepared.part, prepared.bench, prepared.replay,
                                          random.SystemRandom().getrandbits(62))
         except Exception as exc:
             row.error = f"the replayed kernels failed: {type(exc).__name__}: {exc}"
             return Timed(row)
+        finally:
+            prepared.own_s += time.monotonic() - started
     if prepared.mismatch:
         row.error = f"the replayed kernels did not compute the function: {prepared.mismatch}"
         row.times = {}
-    row.warmup_s = time.monotonic() - prepared.started - row.timed_s
+    row.warmup_s += prepared.own_s  # the timing engine's warm-up (in the turn), then loading and validating
     row.notes.append(f"timed by replaying {prepared.plan_summary}")
     return Timed(row, prepared.mismatch)
 
