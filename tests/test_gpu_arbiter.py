@@ -190,24 +190,27 @@ def test_the_wait_for_a_turn_is_counted_as_the_processes_and_told_to_it():
     assert told == ["pause", "resume"]
 
 
-@pytest.mark.parametrize("timed_calls", [1, 2])
-def test_an_autotuner_timing_its_configs_has_the_gpu_alone_once_per_choice(monkeypatch, timed_calls):
-    """Triton's autotuner in the worker's TUNE mode: the configs are timed with the GPU alone, in one turn per
-    choice; a call whose choice is cached asks for nothing (the interpreter runs the chosen config)."""
-    import torch
+class _TurnCounter(gpu_gate.NoGate):
+    """The process's gate: counts the turns alone asked for."""
+
+    def __init__(self):
+        self.turns = 0
+
+    def alone(self):
+        self.turns += 1
+        return super().alone()
+
+
+def _autotuned_add_one(monkeypatch) -> tuple:
+    """A two-config autotuned kernel, Triton's autotuner patched in TUNE mode, and the turn counter; timing needs a
+    GPU, so every config "takes" 1 ms (the interpreter cannot time)."""
     import triton
     import triton.language as tl
 
     from grader.speed import autotune
 
-    class Recording(gpu_gate.NoGate):
-        turns = 0
-
-        def alone(self):
-            Recording.turns += 1
-            return super().alone()
-
-    monkeypatch.setattr(gpu_gate, "_current", Recording())
+    counter = _TurnCounter()
+    monkeypatch.setattr(gpu_gate, "_current", counter)
     autotune.install(default=autotune.TUNE)
 
     @triton.autotune(configs=[triton.Config({"BLOCK": 16}), triton.Config({"BLOCK": 32})], key=["n"])
@@ -216,13 +219,28 @@ def test_an_autotuner_timing_its_configs_has_the_gpu_alone_once_per_choice(monke
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) + 1, mask=offs < n)
 
-    # Timing needs a GPU: each config "takes" as long as its block is small (the interpreter cannot time)
     monkeypatch.setitem(add_one.__dict__, "do_bench", lambda fn, quantiles=None, **kw: [1.0, 1.0, 1.0])
+
+    def call(x, n: int) -> None:
+        add_one[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, n)
+
+    return call, counter
+
+
+@pytest.mark.parametrize("timed_calls", [1, 2])
+def test_an_autotuner_timing_its_configs_has_the_gpu_alone_once_per_choice(monkeypatch, timed_calls):
+    """Triton's autotuner in the worker's TUNE mode: the configs are timed with the GPU alone, in one turn per
+    choice; a call whose choice is cached asks for nothing (the interpreter runs the chosen config)."""
+    import torch
+
+    from grader.speed import autotune
+
+    add_one, counter = _autotuned_add_one(monkeypatch)
     x = torch.zeros(100)
     with autotune.mode(autotune.TUNE):
         for _ in range(timed_calls):
-            add_one[lambda meta: (triton.cdiv(100, meta["BLOCK"]),)](x, 100)
-    assert Recording.turns == 1
+            add_one(x, 100)
+    assert counter.turns == 1
     assert torch.equal(x, torch.full((100,), float(timed_calls)))
 
 
@@ -231,31 +249,13 @@ def test_a_parts_autotuning_choices_take_one_turn_alone_in_all(monkeypatch, one_
     """Two shapes, two choices: one turn each in plain TUNE mode; one for both inside ``one_turn()`` (the speed
     recording of a part), since every turn pauses every other process on the GPU."""
     import torch
-    import triton
-    import triton.language as tl
 
     from grader.speed import autotune
 
-    class Recording(gpu_gate.NoGate):
-        turns = 0
-
-        def alone(self):
-            Recording.turns += 1
-            return super().alone()
-
-    monkeypatch.setattr(gpu_gate, "_current", Recording())
-    autotune.install(default=autotune.TUNE)
-
-    @triton.autotune(configs=[triton.Config({"BLOCK": 16}), triton.Config({"BLOCK": 32})], key=["n"])
-    @triton.jit
-    def add_one(x_ptr, n, BLOCK: tl.constexpr):
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) + 1, mask=offs < n)
-
-    monkeypatch.setitem(add_one.__dict__, "do_bench", lambda fn, quantiles=None, **kw: [1.0, 1.0, 1.0])
+    add_one, counter = _autotuned_add_one(monkeypatch)
     x = torch.zeros(200)
     with autotune.one_turn() if one_turn else autotune.mode(autotune.TUNE):
         for n in (100, 200):
-            add_one[lambda meta, n=n: (triton.cdiv(n, meta["BLOCK"]),)](x, n)
-    assert Recording.turns == (1 if one_turn else 2)
+            add_one(x, n)
+    assert counter.turns == (1 if one_turn else 2)
     assert torch.equal(x[:100], torch.full((100,), 2.0)) and torch.equal(x[100:], torch.ones(100))

@@ -106,6 +106,24 @@ def test_a_reference_that_fails_on_the_cpu_too_is_its_own_fault_not_the_gpus(mon
     assert refs.broken is None  # the GPU is still used for the others
 
 
+def test_the_graders_share_of_a_gpu_is_what_its_runs_leave_at_most_4_gib():
+    gib = 1 << 30
+    assert gpu_references.share(int(79.6 * gib), 7) == 4 * gib  # an H100 with the default 7 runs
+    assert gpu_references.share(24 * gib, 2) == 3 * gib  # 24 GB, 2 runs: what is left beside them and the context
+    assert gpu_references.share(int(79.6 * gib), 8) == 0  # --jobs 8 on an H100: no room
+
+
+def test_a_gpu_its_runs_leave_no_room_on_keeps_the_references_on_the_cpu(monkeypatch, capsys):
+    refs = GpuReferences(0, GpuArbiter(), runs=8)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda device: type("Props", (), {"total_memory": int(79.6 * (1 << 30))})())
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction",
+                        lambda *a: pytest.fail("the grader took a share of a GPU with no room"))
+    assert refs.compute(_part(), {"x": torch.ones(2)})["y"].tolist() == [2.0, 2.0]
+    assert refs.on_cpu == 1 and refs.broken is not None and "8 run(s)" in refs.broken
+    assert "stay on the CPU" in capsys.readouterr().err
+
+
 def test_a_gpu_slot_has_one_reference_device_shared_by_its_runs_and_a_cpu_slot_none():
     gpu = Slot("cuda:0", {"kind": "cuda", "index": 0})
     assert gpu_references.for_slot(gpu) is gpu_references.for_slot(gpu) is gpu_references.of(gpu.arbiter)

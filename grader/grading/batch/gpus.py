@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from grader.grading.exercise_run.slots import Slot
+from grader.grading.exercise_run.slots import GIB_PER_RUN, Slot
 
 PROBE_TIMEOUT_S = 60.0
 
@@ -111,7 +111,6 @@ def probe(pin: str, uuid: str = "", *, timeout_s: float = PROBE_TIMEOUT_S) -> st
 
 
 MAX_JOBS_PER_GPU = 8
-GIB_PER_JOB = 10  # a worker's CUDA context, its benchmark inputs and the allocator's cache, with room to spare
 CORES_PER_JOB = 2  # a run compiles kernels on one core while the grader judges its replies on another
 
 
@@ -121,7 +120,7 @@ def auto_jobs(gpu: Gpu, *, gpus: int, cores: int | None = None) -> int:
     the runs' work (compilation, correctness, judging) overlaps."""
     cores = cores if cores is not None else len(os.sched_getaffinity(0))
     by_cores = cores // (CORES_PER_JOB * max(1, gpus))
-    by_memory = gpu.memory_bytes // (GIB_PER_JOB << 30) if gpu.memory_bytes else MAX_JOBS_PER_GPU
+    by_memory = gpu.memory_bytes // (GIB_PER_RUN << 30) if gpu.memory_bytes else MAX_JOBS_PER_GPU
     return int(max(1, min(MAX_JOBS_PER_GPU, by_cores, by_memory)))
 
 

@@ -7,10 +7,12 @@ student's kernels; on the GPU they take milliseconds. The grader's process is th
 through the slot's arbiter like a worker (:meth:`GpuArbiter.connect_here`): it shares the GPU with the runs on it
 and pauses, as they do, while a trusted timer or an autotuner has it alone.
 
-Its memory is capped (:data:`MEMORY_CAP_BYTES`, enforced by PyTorch's allocator), so it never takes what the runs
-on the GPU were given (:data:`grader.grading.batch.gpus.GIB_PER_JOB` each). A reference that does not fit is
-computed on the CPU; so is every later one once the grader's own CUDA context has failed. Either is said on stderr
-and costs time, never a grade: the CPU computes the same float64 reference.
+Its memory is capped (enforced by PyTorch's allocator) at :data:`MEMORY_CAP_BYTES`, or at what the GPU has beside
+the runs it holds (:data:`~grader.grading.exercise_run.slots.GIB_PER_RUN` each) and the grader's own CUDA context,
+whichever is less: it never takes what the runs were given, and where they leave too little it computes nothing
+there. A reference that does not fit is computed on the CPU; so is every later one once the grader's own CUDA
+context has failed. Either is said on stderr and costs time, never a grade: the CPU computes the same float64
+reference.
 """
 
 from __future__ import annotations
@@ -24,18 +26,22 @@ import torch
 
 from grader.checks.gpu_gate import Gate
 from grader.checks.spec import Inputs, Part
-from grader.grading.exercise_run.slots import Slot
+from grader.grading.exercise_run.slots import GIB_PER_RUN, Slot
 from grader.grading.isolation.gpu_arbiter import GpuArbiter
 
-MEMORY_CAP_BYTES = 4 << 30  # beside the runs' 10 GiB each: an 80 GB GPU holds 7 runs and this
+MEMORY_CAP_BYTES = 4 << 30  # an 80 GB GPU holds 7 runs of 10 GiB, and this
+CONTEXT_BYTES = 1 << 30  # the grader's own CUDA context, outside the allocator's cap
+MIN_CAP_BYTES = 1 << 30  # less room than this: the references stay on the CPU
 
 
 class GpuReferences:
-    """Computes references on GPU ``index`` (as this process numbers them), sharing it through ``arbiter``."""
+    """Computes references on GPU ``index`` (as this process numbers them), sharing it through ``arbiter`` with
+    ``runs`` exercise runs."""
 
-    def __init__(self, index: int, arbiter: GpuArbiter):
+    def __init__(self, index: int, arbiter: GpuArbiter, *, runs: int = 1):
         self.device = torch.device("cuda", index)
-        self._arbiter = arbiter
+        self._arbiter, self._runs = arbiter, runs
+        self.cap_bytes = 0  # the grader's share of the GPU's memory, once connected
         self._gate: Gate | None = None
         self._lock = threading.Lock()  # one reference on the GPU at a time: the memory cap holds for the largest
         self.on_gpu = self.on_cpu = 0  # for grader grade --profile
@@ -52,8 +58,12 @@ class GpuReferences:
                 except torch.cuda.OutOfMemoryError:
                     if part.name not in self._said_too_big:
                         self._said_too_big.add(part.name)
-                        print(f"grader: a {part.name} reference does not fit in the grader's {MEMORY_CAP_BYTES >> 30} "
-                              f"GiB on {self.device}: computed on the CPU", file=sys.stderr)
+                        print(f"grader: a {part.name} reference does not fit in the grader's "
+                              f"{self.cap_bytes / 2**30:.1f} GiB on {self.device}: computed on the CPU",
+                              file=sys.stderr)
+                except NoRoom as exc:
+                    self.broken = str(exc)
+                    print(f"grader: float64 references stay on the CPU: on {self.device}, {exc}", file=sys.stderr)
                 except Exception as exc:  # the GPU's fault, or the reference's own: the CPU tells which
                     failure = exc
                 else:
@@ -78,10 +88,23 @@ class GpuReferences:
     def _connect(self) -> Gate:
         if self._gate is None:
             total = torch.cuda.get_device_properties(self.device).total_memory
-            torch.cuda.set_per_process_memory_fraction(min(1.0, MEMORY_CAP_BYTES / total), self.device)
+            self.cap_bytes = share(total, self._runs)
+            if self.cap_bytes < MIN_CAP_BYTES:
+                raise NoRoom(f"{total / 2**30:.0f} GiB hold {self._runs} run(s) of {GIB_PER_RUN} GiB and leave "
+                             "the grader too little")
+            torch.cuda.set_per_process_memory_fraction(self.cap_bytes / total, self.device)
             self._gate = self._arbiter.connect_here("the grader's references",
                                                     synchronize=lambda: torch.cuda.synchronize(self.device))
         return self._gate
+
+
+class NoRoom(RuntimeError):
+    """The runs on the GPU leave the grader's references too little of its memory."""
+
+
+def share(total_bytes: int, runs: int) -> int:
+    """The grader's share of a GPU of ``total_bytes`` that ``runs`` exercise runs use."""
+    return max(0, min(MEMORY_CAP_BYTES, total_bytes - runs * (GIB_PER_RUN << 30) - CONTEXT_BYTES))
 
 
 _BY_ARBITER: weakref.WeakKeyDictionary[GpuArbiter, GpuReferences] = weakref.WeakKeyDictionary()
@@ -95,7 +118,8 @@ def for_slot(slot: Slot | None) -> GpuReferences | None:
     with _REGISTRY_LOCK:
         found = _BY_ARBITER.get(slot.arbiter)
         if found is None:
-            found = _BY_ARBITER[slot.arbiter] = GpuReferences(int(slot.device["index"]), slot.arbiter)
+            found = _BY_ARBITER[slot.arbiter] = GpuReferences(int(slot.device["index"]), slot.arbiter,
+                                                             runs=slot.capacity)
         return found
 
 

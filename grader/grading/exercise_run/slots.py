@@ -11,6 +11,8 @@ from typing import Any
 
 from grader.grading.isolation.gpu_arbiter import GpuArbiter
 
+GIB_PER_RUN = 10  # GPU memory an exercise run is counted to need: its workers' CUDA contexts, benchmark inputs, caches
+
 
 @dataclass
 class Slot:

@@ -71,13 +71,13 @@ class Client:
         with self._send_lock:
             if self.gone:  # nothing to tell: it counts as paused, and done
                 return
+            self._sent(byte)  # counted first: the process may act on the byte before the write returns
             try:
                 os.write(self._to_process, byte)
             except OSError:
                 failed = True
             else:
                 failed = False
-                self._sent(byte)
         if failed:
             self._gone()
 
