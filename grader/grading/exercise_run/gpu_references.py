@@ -1,9 +1,10 @@
 """The grader's float64 references, computed on the GPU of the exercise run's slot.
 
 A reference is the grader's own code run on inputs the grader built: no student code runs in this process, so the
-GPU serves it as well as the CPU. On the host's cores the references took a third of a submission's CPU time
-(FlashAttention's attention matrices, the speed rechecks at benchmark size), cores the workers need to compile the
-student's kernels; on the GPU they take milliseconds. The grader's process is then one more user of the slot's GPU,
+GPU serves it as well as the CPU. On the host's cores the grader's own process took a third of a submission's CPU
+time, most of it these references (FlashAttention's attention matrices, the speed rechecks at benchmark size), on
+cores the workers need to compile the student's kernels; on the GPU about 100 s of it per submission are gone
+(docs/performance.md, "Grading time"). The grader's process is then one more user of the slot's GPU,
 through the slot's arbiter like a worker (:meth:`GpuArbiter.connect_here`): it shares the GPU with the runs on it
 and pauses, as they do, while a trusted timer or an autotuner has it alone.
 
