@@ -59,5 +59,5 @@ def report(progress: Progress, slots: list[Slot], *, submissions: int,
             refs = gpu_references.of(arbiter)
             if refs is not None:
                 lines.append(f"    the grader's float64 references: {refs.on_gpu} on this GPU, {refs.on_cpu} on the CPU"
-                             + (f" (the GPU failed: {refs.broken})" if refs.broken else ""))
+                             + (f" (the CPU took over: {refs.broken})" if refs.broken else ""))
     progress.note("\n".join(lines))
