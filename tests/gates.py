@@ -13,8 +13,8 @@ from grader.grading.isolation.gpu_arbiter import Client, GpuArbiter
 class ThreadProcess:
     """A process's gate, used from threads of this one; :meth:`die` closes its ends as a process's exit would."""
 
-    def __init__(self, arbiter: GpuArbiter, name: str = "process"):
-        self.client: Client = arbiter.connect(name)
+    def __init__(self, arbiter: GpuArbiter, name: str = "process", role: str = "worker"):
+        self.client: Client = arbiter.connect(name, role=role)
         self._fds = [os.dup(fd) for fd in self.client.process_fds]
         self.client.started()  # closes the arbiter's copies of the process's ends, as after a real start
         self.gate = Gate(*self._fds)

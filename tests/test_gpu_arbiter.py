@@ -6,6 +6,7 @@ autotuner timing its configs has the GPU alone once per choice."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -77,6 +78,34 @@ def test_processes_share_the_gpu_and_a_turn_alone_waits_for_their_work_then_paus
     assert max(len(seen) for _, _, seen in uses) == 3  # shared
     assert all("timer" not in seen for _, _, seen in uses)  # nobody used the GPU during the turn
     assert arbiter.alone_count == 1 and arbiter.alone_s >= 0.2
+
+
+def test_the_profile_says_whose_gpu_work_a_turn_waited_for_the_longest():
+    """A turn waits for every other process's stretch under way; the last to pause is counted by its role (workers,
+    timers, the grader's references), for ``--profile``."""
+    arbiter = GpuArbiter()
+    quick, slow = ThreadProcess(arbiter, "worker"), ThreadProcess(arbiter, "a timer", role="timer")
+    requester = ThreadProcess(arbiter, "requester")
+    inside, go = threading.Barrier(3, timeout=10), threading.Event()
+
+    def stretch(process: ThreadProcess, seconds: float) -> None:
+        with process.gate.use():
+            inside.wait()
+            go.wait(10)
+            time.sleep(seconds)
+
+    threads = [threading.Thread(target=stretch, args=(quick, 0.0)), threading.Thread(target=stretch, args=(slow, 0.4))]
+    for t in threads:
+        t.start()
+    inside.wait()
+    go.set()
+    with requester.gate.alone():
+        pass
+    for t in threads:
+        t.join(10)
+    assert list(arbiter.held_up_by) == ["timer"]
+    turns, seconds = arbiter.held_up_by["timer"]
+    assert turns == 1 and 0.3 < seconds <= arbiter.drain_s + 1e-6
 
 
 def test_a_compiling_process_never_holds_up_a_turn_and_continues_after_it():
@@ -201,11 +230,13 @@ class _TurnCounter(gpu_gate.NoGate):
         return super().alone()
 
 
-def _autotuned_add_one(monkeypatch) -> tuple:
+def _autotuned_add_one(monkeypatch, timings: list | None = None) -> tuple:
     """A two-config autotuned kernel, Triton's autotuner patched in TUNE mode, and the turn counter; timing needs a
-    GPU, so every config "takes" 1 ms (the interpreter cannot time)."""
+    GPU, so every config "takes" 1 ms (the interpreter cannot time). ``timings`` gets the (warmup, rep) in ms each
+    candidate was timed with."""
     import triton
     import triton.language as tl
+    import triton.testing
 
     from grader.speed import autotune
 
@@ -213,12 +244,20 @@ def _autotuned_add_one(monkeypatch) -> tuple:
     monkeypatch.setattr(gpu_gate, "_current", counter)
     autotune.install(default=autotune.TUNE)
 
+    def do_bench(fn, warmup=25, rep=100, quantiles=None, **kw):
+        if timings is not None:
+            timings.append((warmup, rep))
+        return [1.0, 1.0, 1.0]
+
+    monkeypatch.setattr(triton.testing, "do_bench", do_bench)
+
     @triton.autotune(configs=[triton.Config({"BLOCK": 16}), triton.Config({"BLOCK": 32})], key=["n"])
     @triton.jit
     def add_one(x_ptr, n, BLOCK: tl.constexpr):
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) + 1, mask=offs < n)
 
+    # the student's own benchmarker, which TUNE mode replaces
     monkeypatch.setitem(add_one.__dict__, "do_bench", lambda fn, quantiles=None, **kw: [1.0, 1.0, 1.0])
 
     def call(x, n: int) -> None:
@@ -259,3 +298,64 @@ def test_a_parts_autotuning_choices_take_one_turn_alone_in_all(monkeypatch, one_
             add_one(x, n)
     assert counter.turns == (1 if one_turn else 2)
     assert torch.equal(x[:100], torch.full((100,), 2.0)) and torch.equal(x[100:], torch.ones(100))
+
+
+def test_autotuning_times_each_candidate_briefly_whatever_the_students_benchmarker():
+    """Every candidate is timed with the grader's brief warm-up and repetitions (each millisecond of it, every other
+    process on the GPU waits), not Triton's 25 + 100 ms nor the benchmarker the student gave the autotuner."""
+    import torch
+
+    from grader.speed import autotune
+
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        timings: list = []
+        add_one, _ = _autotuned_add_one(monkeypatch, timings)
+        x = torch.zeros(100)
+        with autotune.one_turn():
+            add_one(x, 100)
+        assert timings == [(autotune.TUNE_WARMUP_MS, autotune.TUNE_REP_MS)] * 2  # both configs
+        assert torch.equal(x, torch.ones(100))  # only the chosen config ran (the fake times without running)
+
+
+def test_a_parts_autotuning_turn_ends_before_its_speed_is_recorded(monkeypatch):
+    """The worker's speed request: the part's autotuning choices are made first, in one turn alone; the recording
+    that follows shares the GPU and finds every choice made (no second turn)."""
+    import torch
+
+    from grader import exercises
+    from grader.grading.isolation import protocol as p
+    from grader.grading.isolation import worker
+    from grader.speed import measure
+    from grader.speed.measure import SpeedMeasurement
+
+    class Turns(_TurnCounter):
+        held = False
+
+        @contextlib.contextmanager
+        def alone(self):
+            self.turns += 1
+            self.held = True
+            try:
+                yield
+            finally:
+                self.held = False
+
+    add_one, _ = _autotuned_add_one(monkeypatch)
+    turns = Turns()
+    monkeypatch.setattr(gpu_gate, "_current", turns)
+    x = torch.zeros(100)
+    monkeypatch.setattr(measure, "input_sets", lambda part, bench, sets, device: [{"x": x}])
+    monkeypatch.setattr(measure, "student_call", lambda part, module: lambda inputs: add_one(inputs["x"], 100))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda *a: None)
+    recorded = []
+
+    def record_part(part, module, *, recheck_inputs):
+        add_one(x, 100)
+        recorded.append((turns.held, turns.turns))
+        return SpeedMeasurement("fake GPU")
+
+    monkeypatch.setattr(measure, "record_part", record_part)
+    reply = worker._run(p.RunSpeed("r1", "forward", 1.0, None), exercises.get("gelu"), {"forward": None}, "cpu")
+    assert isinstance(reply, p.SpeedDone)
+    assert turns.turns == 1 and recorded == [(False, 1)]  # recorded after the turn, and no turn of its own

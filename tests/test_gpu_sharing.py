@@ -106,3 +106,36 @@ def test_correctness_calls_compile_once_per_dtype_not_once_per_shape(tmp_path, m
     out = done.stdout.split()
     generic, specialized = map(int, out)
     assert generic == 1 and specialized >= 3, (generic, specialized)
+
+
+WAITER = textwrap.dedent("""
+    import ctypes, resource, sys, time
+    from grader.checks import runtime
+    asked = sys.argv[1] == "sleep" and runtime.sleep_while_waiting()
+    import torch
+    torch.zeros(1, device="cuda"); torch.cuda.synchronize()
+    flags = ctypes.c_uint()
+    ctypes.CDLL("libcuda.so.1").cuCtxGetFlags(ctypes.byref(flags))
+    def cpu():
+        usage = resource.getrusage(resource.RUSAGE_THREAD)
+        return usage.ru_utime + usage.ru_stime
+    torch.cuda._sleep(2_000_000_000)  # a kernel of about a second, queued
+    wall, before = time.monotonic(), cpu()
+    torch.cuda.synchronize()
+    print(asked, flags.value & 0x07, (cpu() - before) / (time.monotonic() - wall))
+""")
+
+
+@pytest.mark.gpu
+def test_a_worker_sleeps_while_it_waits_for_the_gpu():
+    """``runtime.sleep_while_waiting`` (a worker, before its CUDA context): its thread sleeps while it waits for its
+    GPU work; without it, CUDA spins a core the whole wait (what twenty processes on one GPU would cost)."""
+    seen = {}
+    for how in ("sleep", "spin"):
+        out = subprocess.run([sys.executable, "-c", WAITER, how], capture_output=True, text=True, env=_env(),
+                             timeout=120)
+        assert out.returncode == 0, out.stderr
+        asked, flags, cpu_share = out.stdout.split()
+        seen[how] = (asked, int(flags), float(cpu_share))
+    assert seen["sleep"][:2] == ("True", 4), seen  # CU_CTX_SCHED_BLOCKING_SYNC
+    assert seen["sleep"][2] < 0.2 < 0.8 < seen["spin"][2], seen

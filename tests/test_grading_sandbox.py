@@ -105,6 +105,19 @@ def test_output_is_capped_and_counted(tmp_path):
     assert out.stderr.text() == "e" * 10
 
 
+def test_the_memory_watch_looks_less_often_the_more_room_is_left(tmp_path, monkeypatch):
+    """Far below its limit a process is looked at about once a second (each look walks its threads); close to it,
+    ten times a second (test_resident_memory_limit_kills_the_group: one past it is stopped)."""
+    assert processes.memory_poll_s(16 << 30, 2 << 30) == processes.MEMORY_POLL_MAX_S
+    assert processes.memory_poll_s(16 << 30, (16 << 30) - (100 << 20)) == processes.POLL_S
+    looks = []
+    walk = processes.proctree.rss
+    monkeypatch.setattr(processes.proctree, "rss", lambda pids: looks.append(time.monotonic()) or walk(pids))
+    out = _run("import time; time.sleep(3)", tmp_path, rss_limit_bytes=16 << 30)
+    assert out.returncode == 0 and not out.memory_exceeded
+    assert 2 <= len(looks) <= 5  # about once a second, not 30 times
+
+
 def test_signals_are_named(tmp_path):
     out = _run("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)", tmp_path)
     assert out.signal_name == "SIGSEGV"

@@ -38,6 +38,7 @@ def gpu(monkeypatch, tmp_path):
 
     def validate(part, bench, replay, seed):
         fake.log.append(f"validate {bench.label}")
+        fake.turns.stretch.append(bench.label)
         queue = fake.validations.get(bench.label, [])
         return queue.pop(0) if queue else None
 
@@ -49,9 +50,23 @@ def gpu(monkeypatch, tmp_path):
                                warmup_s=0.25, timed_s=0.5)
 
     class Turns(gpu_gate.NoGate):
-        """Counts the turns alone, and knows whether one is held now."""
+        """Counts the turns alone, and knows whether one is held now; ``stretches``: what each use() stretch
+        validated."""
 
         turns = depth = 0
+
+        def __init__(self):
+            self.stretches: list[list[str]] = []
+            self.stretch: list[str] = []  # outside a stretch: never looked at
+
+        @contextlib.contextmanager
+        def use(self):
+            self.stretches.append([])
+            self.stretch = self.stretches[-1]
+            try:
+                yield
+            finally:
+                self.stretch = []
 
         @contextlib.contextmanager
         def alone(self):
@@ -88,6 +103,13 @@ def test_a_parts_benchmarks_are_validated_then_timed_in_one_turn_then_validated_
     assert [r.label for r in rows] == LABELS and all(r.error is None for r in rows)
     assert all(r.warmup_s >= 0.25 and any(n.startswith("timed by replaying") for n in r.notes) for r in rows)
     assert progress[-1] == f"0 {LABELS[-1].replace(' ', '_')}"
+
+
+def test_each_validation_is_a_stretch_of_gpu_work_of_its_own(gpu, tmp_path):
+    """A pause for another process's turn waits for the stretch under way: one benchmark's validation, never the
+    whole part's."""
+    _run(tmp_path)
+    assert gpu.turns.stretches == [[label] for label in LABELS] * 2
 
 
 def test_a_replay_that_fails_while_timed_stops_the_benchmarks_after_it(gpu, tmp_path):

@@ -69,6 +69,33 @@ def configure() -> Mode:
     return mode
 
 
+CU_CTX_SCHED_BLOCKING_SYNC = 0x04
+
+
+def sleep_while_waiting() -> bool:
+    """Make this process's thread sleep, not spin, while it waits for its GPU work (a synchronization, a copy to
+    the CPU): CUDA spins by default when it has a core per context, and a batch has twenty processes on one GPU
+    whose cores compile the next student's kernels. Call it before the process's CUDA context exists (it sets the
+    primary context's flags, through the driver). Adds microseconds to a wait; timing uses CUDA events, which it
+    leaves alone. False where there is no CUDA driver or it refused."""
+    import ctypes
+
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    set_flags = getattr(driver, "cuDevicePrimaryCtxSetFlags_v2", None) or getattr(
+        driver, "cuDevicePrimaryCtxSetFlags", None)
+    count, device = ctypes.c_int(), ctypes.c_int()
+    if set_flags is None or driver.cuInit(0) != 0 or driver.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return False
+    done = count.value > 0
+    for ordinal in range(count.value):
+        done = (driver.cuDeviceGet(ctypes.byref(device), ordinal) == 0
+                and set_flags(device, CU_CTX_SCHED_BLOCKING_SYNC) == 0 and done)
+    return done
+
+
 def cuda_broken() -> str | None:
     """Why this process's CUDA context can no longer be used, or None. A kernel's illegal memory access is
     sticky: every later launch and copy fails with it, so the process must be replaced."""

@@ -14,6 +14,8 @@ leave it alone):
   the GPU alone (:func:`grader.checks.gpu_gate.current`'s ``alone()``, taken when the first candidate is timed and
   given back when the autotuner has chosen; inside :func:`one_turn`, given back at the end of that block, so that
   a part's choices, one per benchmark and kernel, cost the other processes on the GPU one pause, not one each).
+  Each candidate is timed briefly (:data:`TUNE_WARMUP_MS`, :data:`TUNE_REP_MS`), whatever benchmarker the student
+  gave the autotuner: every millisecond of it is a millisecond every other process on the GPU waits.
   :func:`forget_untimed` first drops every choice made in the other modes.
 
 Choices made in ``FIRST``/``COMPILE`` are never written to Triton's on-disk autotune cache.
@@ -29,6 +31,10 @@ from collections.abc import Iterator
 from grader.checks import gpu_gate
 
 FIRST, COMPILE, TUNE = "first", "compile", "tune"
+# Timing one candidate in TUNE mode, in ms (Triton's own default is 25 + 100). With the GPU alone, the median of
+# the runs that fit in 25 ms (10 or more for a benchmark's kernels, which take 0.01 to 2.5 ms) tells configs apart
+# that differ by a few percent, and a part's choices take a fifth of the time.
+TUNE_WARMUP_MS, TUNE_REP_MS = 5, 25
 _FAILED = [float("inf")] * 3  # what Triton's own _bench returns for a config it cannot build
 _CHOSEN = [0.0] * 3
 
@@ -112,24 +118,17 @@ def install(default: str = FIRST) -> bool:
                 if not _state.turn_taken:
                     turn.enter_context(gpu_gate.current().alone())
                     _state.turn_taken = True
+            else:
+                alone = getattr(_state, "alone", None)
+                if alone is not None:
+                    alone.enter_context(gpu_gate.current().alone())
+                    _state.alone = None  # once per choice
+            with _benchmarker(self, _time_briefly):
                 return bench(self, *args, config=config, **meta)
-            alone = getattr(_state, "alone", None)
-            if alone is not None:
-                alone.enter_context(gpu_gate.current().alone())
-                _state.alone = None  # once per choice
-            return bench(self, *args, config=config, **meta)
         if current == FIRST and getattr(self, "_grader_found", False):
             return _FAILED  # a runnable config was found: the others are neither built nor run
-        had = "do_bench" in self.__dict__
-        saved = self.__dict__.get("do_bench")
-        self.__dict__["do_bench"] = _run_once  # shadows Triton's benchmarker for this call only
-        try:
+        with _benchmarker(self, _run_once):
             result = bench(self, *args, config=config, **meta)
-        finally:
-            if had:
-                self.__dict__["do_bench"] = saved
-            else:
-                self.__dict__.pop("do_bench", None)
         if result == _FAILED:
             return result
         self._grader_found = True
@@ -141,9 +140,31 @@ def install(default: str = FIRST) -> bool:
     return True
 
 
+@contextlib.contextmanager
+def _benchmarker(tuner, bench) -> Iterator[None]:
+    """Triton's autotuner ``tuner`` times its candidates with ``bench`` in the block (its ``do_bench`` is a
+    cached property: an entry in the instance's dict shadows it)."""
+    had = "do_bench" in tuner.__dict__
+    saved = tuner.__dict__.get("do_bench")
+    tuner.__dict__["do_bench"] = bench
+    try:
+        yield
+    finally:
+        if had:
+            tuner.__dict__["do_bench"] = saved
+        else:
+            tuner.__dict__.pop("do_bench", None)
+
+
 def _run_once(kernel_call, quantiles=None, **_ignored):
     kernel_call()
     return _CHOSEN
+
+
+def _time_briefly(kernel_call, quantiles=None, **_ignored):
+    import triton.testing
+
+    return triton.testing.do_bench(kernel_call, warmup=TUNE_WARMUP_MS, rep=TUNE_REP_MS, quantiles=quantiles)
 
 
 def forget_untimed() -> int:

@@ -275,6 +275,25 @@ def warm_part(part: Part, module: ModuleType) -> str | None:
     return None
 
 
+def tune_part(part: Part, module: ModuleType) -> None:
+    """Call the student's code once on each benchmark's inputs (CUDA only), so that the student's autotuners make
+    every choice of the part here, in one stretch, before :func:`record_part`: the caller holds the GPU alone from
+    the first candidate timed (:func:`grader.speed.autotune.one_turn`), and the recording needs it no longer. The
+    inputs are all built first, before any candidate is timed. Stops at the first error: the recording meets it
+    again and reports it."""
+    call = student_call(part, module)
+    sets = [input_sets(part, bench, 1, device="cuda")[0] for bench in part.benchmarks]
+    try:
+        for inputs in sets:
+            call(timing.fresh_inputs(inputs))
+            torch.cuda.synchronize()
+    except Exception:
+        return
+    finally:
+        del sets
+        torch.cuda.empty_cache()
+
+
 def record_part(part: Part, module: ModuleType, *, recheck_inputs: Inputs | None) -> SpeedMeasurement:
     """Record every benchmark of ``part`` (CUDA only), then call the student's code on ``recheck_inputs``.
     Stops at the first benchmark whose call raises: its error already costs the credit."""

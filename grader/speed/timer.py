@@ -85,29 +85,32 @@ def run(job: TimerJob, folder: Path, *, index: int = 0) -> TimerResult:
     per_benchmark = job.budget_s / max(1, len(planned))
     gate = gpu_gate.current()
     prepared: list[trusted.Prepared] = []
-    with gate.use():
-        for i, bench in enumerate(planned):  # load and validate every benchmark's replay, sharing the GPU
-            _started(folder, index, bench.label)
+    # Sharing the GPU, one benchmark per use() stretch: a pause for another process's turn waits for one
+    # benchmark's loading and validation at most, not the whole part's.
+    for i, bench in enumerate(planned):  # load and validate every benchmark's replay
+        _started(folder, index, bench.label)
+        with gate.use():
             entry = trusted.prepare(part, bench, job.plans[bench.label], folder=folder / "replay" / f"j{index}b{i}")
-            prepared.append(entry)
-            if entry.replay is None:  # refused, failed or wrong: the benchmarks after it are not timed
-                break
-        ready = [entry for entry in prepared if entry.replay is not None]
-        if ready:
-            with gate.alone():  # one turn for the part's timed rounds: each turn costs the others a pause
-                for entry in ready:
-                    _started(folder, index, entry.bench.label)
-                    trusted.measure_prepared(entry, budget_s=per_benchmark, baselines=job.baselines)
-                    if entry.row.error:  # its row ends the part's rows (below)
-                        break
-        for entry in prepared:  # each replay validated again after its timed rounds
-            _started(folder, index, entry.bench.label)
+        prepared.append(entry)
+        if entry.replay is None:  # refused, failed or wrong: the benchmarks after it are not timed
+            break
+    ready = [entry for entry in prepared if entry.replay is not None]
+    if ready:
+        with gate.alone():  # one turn for the part's timed rounds: each turn costs the others a pause
+            for entry in ready:
+                _started(folder, index, entry.bench.label)
+                trusted.measure_prepared(entry, budget_s=per_benchmark, baselines=job.baselines)
+                if entry.row.error:  # its row ends the part's rows (below)
+                    break
+    for entry in prepared:  # each replay validated again after its timed rounds
+        _started(folder, index, entry.bench.label)
+        with gate.use():
             timed = trusted.finish(entry)
-            result.benchmarks.append(timed.row.to_dict())
-            if timed.mismatch:
-                result.mismatches.append(f"{entry.bench.label}: {timed.mismatch}")
-            if timed.row.error:
-                break
+        result.benchmarks.append(timed.row.to_dict())
+        if timed.mismatch:
+            result.mismatches.append(f"{entry.bench.label}: {timed.mismatch}")
+        if timed.row.error:
+            break
     return result
 
 

@@ -56,6 +56,11 @@ def report(progress: Progress, slots: list[Slot], *, submissions: int,
                          f"({100 * arbiter.alone_s / wall if wall > 0 else 0:.0f}% of the wall time) in "
                          f"{arbiter.alone_count} turn(s); waiting for the others' GPU work before them "
                          f"{arbiter.drain_s:.1f} s in all")
+            if arbiter.held_up_by:
+                names = {"worker": "workers", "timer": "trusted timers", "grader": "the grader's references"}
+                lines.append("    the last to pause before a turn: " + ", ".join(
+                    f"{names.get(role, role)} {seconds:.1f} s in {turns:.0f} turn(s)"
+                    for role, (turns, seconds) in sorted(arbiter.held_up_by.items(), key=lambda kv: -kv[1][1])))
             refs = gpu_references.of(arbiter)
             if refs is not None:
                 lines.append(f"    the grader's float64 references: {refs.on_gpu} on this GPU, {refs.on_cpu} on the CPU"

@@ -126,7 +126,7 @@ class Timer:
     def __init__(self, settings: RunSettings, *, scratch: Path, arbiter: GpuArbiter | None):
         scratch.mkdir(parents=True, exist_ok=True)
         self.work = Path(tempfile.mkdtemp(prefix="timer-", dir=scratch))
-        self.gate = arbiter.connect(f"the timer of {scratch.name}") if arbiter is not None else None
+        self.gate = arbiter.connect(f"the timer of {scratch.name}", role="timer") if arbiter is not None else None
         self.process: processes.Process | None = None
         self.used = False
         try:

@@ -30,12 +30,13 @@ class Client:
     """One process's connection (the grader's ends of its two pipes). Pass :attr:`process_fds` to the process,
     then call :meth:`started`; :meth:`close` when it has ended."""
 
-    def __init__(self, arbiter: GpuArbiter, name: str):
-        self.arbiter, self.name = arbiter, name
+    def __init__(self, arbiter: GpuArbiter, name: str, role: str = "worker"):
+        self.arbiter, self.name, self.role = arbiter, name, role  # role: "worker", "timer", "grader"
         to_process_r, self._to_process = os.pipe()
         self._from_process, from_process_w = os.pipe()
         self.process_fds = (to_process_r, from_process_w)  # what the process reads, what it writes
         self.drained = threading.Event()  # set when it has answered every pause sent so far
+        self.drained_at = 0.0  # when it last answered a pause
         self._pauses_sent = self._pauses_answered = 0
         self.done = threading.Event()  # its time alone is over
         self.gone = False
@@ -106,6 +107,7 @@ class Client:
                     if self._pausing and self._paused_since is None:
                         self._paused_since = time.monotonic()
                     self._pauses_answered += 1
+                    self.drained_at = time.monotonic()
                     if self._pauses_answered >= self._pauses_sent:  # the answer to the latest pause
                         self.drained.set()
             elif byte == b"A":
@@ -158,11 +160,13 @@ class GpuArbiter:
         self.alone_count = 0
         self.drain_s = 0.0  # waiting for the others' GPU work to finish, before each turn
         self.queue_s = 0.0  # requests waiting for their turn (the drain included), in all
+        self.held_up_by: dict[str, list[float]] = {}  # role -> [turns, seconds]: the last to pause before a turn
         threading.Thread(target=self._serve, name="gpu-arbiter", daemon=True).start()
 
-    def connect(self, name: str) -> Client:
-        """A new process's connection; it starts paused when another process has the GPU alone now."""
-        client = Client(self, name)
+    def connect(self, name: str, *, role: str = "worker") -> Client:
+        """A new process's connection; it starts paused when another process has the GPU alone now. ``role``
+        ("worker", "timer", "grader") sorts the drain time in :attr:`held_up_by`."""
+        client = Client(self, name, role)
         with self._cond:
             self._clients.append(client)
             if self._turn:
@@ -175,7 +179,7 @@ class GpuArbiter:
     def connect_here(self, name: str, *, synchronize: Callable[[], None]) -> Gate:
         """A gate for GPU work of the grader's own process (its float64 references): a client like a process's,
         both ends of whose pipes stay here. ``synchronize`` waits for that work on this GPU (for a pause)."""
-        client = self.connect(name)
+        client = self.connect(name, role="grader")
         gate = Gate(*client.process_fds, synchronize=synchronize)
         client._start_listening()
         return gate
@@ -225,6 +229,11 @@ class GpuArbiter:
                     other.drained.wait()
             granted = time.monotonic()
             self.drain_s += granted - started
+            last = max(others, key=lambda c: c.drained_at, default=None)
+            if last is not None and last.drained_at > started:  # who the turn waited for the longest
+                held = self.held_up_by.setdefault(last.role, [0, 0.0])
+                held[0] += 1
+                held[1] += last.drained_at - started
             self.queue_s += granted - turn.asked
             turn.grant()
             turn.done.wait()

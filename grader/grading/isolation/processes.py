@@ -35,11 +35,21 @@ from dataclasses import dataclass
 from grader.grading.isolation import proctree, reaper
 
 POLL_S = 0.1
+# The memory watch looks again before a process growing this fast could have filled the room left below its limit
+# (touching fresh pages runs at a few GB/s), and at least this often. Far below the limit that is once a second:
+# walking a worker's threads at 10 Hz, for twenty workers, took a sixth of the grader's CPU in a batch.
+GROWTH_BYTES_PER_S = 8 << 30
+MEMORY_POLL_MAX_S = 1.0
 WAIT_S = 10.0  # for a killed process to be reaped (it only takes longer in uninterruptible sleep)
 DRAIN_S = 5.0  # for the output readers to reach the end of the pipes once the process is gone
 TOKEN_VAR = "GRADER_WORKER_TOKEN"
 _ACTIVE: dict[int, Process] = {}  # pid -> running process, for kill_active()
 _ACTIVE_LOCK = threading.Lock()
+
+
+def memory_poll_s(limit: int, used: int) -> float:
+    """Seconds until the memory watch looks again at processes holding ``used`` of ``limit`` resident bytes."""
+    return min(MEMORY_POLL_MAX_S, max(POLL_S, (limit - used) / GROWTH_BYTES_PER_S))
 
 
 @dataclass
@@ -154,16 +164,19 @@ class Process:
         return self.proc.pid
 
     def _watch_memory(self, limit: int) -> None:
-        while not self._stopped.wait(POLL_S):
+        wait = POLL_S
+        while not self._stopped.wait(wait):
             if self.proc.poll() is not None:
                 return
             # In a sandbox every process of the namespace descends from bwrap (orphans go to its init): walking
             # that tree reads a few files, where listing the namespace reads every process of the host.
             pids = proctree.descendants(self.proc.pid) if self.pid_namespace else self._processes()
-            if proctree.rss(pids) > limit:
+            used = proctree.rss(pids)
+            if used > limit:
                 self.memory_exceeded = True
                 self.kill()
                 return
+            wait = memory_poll_s(limit, used)
 
     def namespace(self) -> str | None:
         """The sandbox's PID namespace (``pid:[inode]``), once bwrap has made it. It is held open until
