@@ -13,6 +13,7 @@ import time
 import pytest
 
 from grader.checks import gpu_gate
+from grader.grading.batch.profiling import held_up_text
 from grader.grading.isolation.gpu_arbiter import GpuArbiter
 from tests.gates import ThreadProcess
 
@@ -82,9 +83,10 @@ def test_processes_share_the_gpu_and_a_turn_alone_waits_for_their_work_then_paus
 
 def test_the_profile_says_whose_gpu_work_a_turn_waited_for_the_longest():
     """A turn waits for every other process's stretch under way; the last to pause is counted by its role (workers,
-    timers, the grader's references), for ``--profile``."""
+    timers, the grader's references) and what it was running, for ``--profile``."""
     arbiter = GpuArbiter()
     quick, slow = ThreadProcess(arbiter, "worker"), ThreadProcess(arbiter, "a timer", role="timer")
+    quick.client.doing, slow.client.doing = "a case", "validating"  # as the grader says what each runs
     requester = ThreadProcess(arbiter, "requester")
     inside, go = threading.Barrier(3, timeout=10), threading.Event()
 
@@ -103,9 +105,22 @@ def test_the_profile_says_whose_gpu_work_a_turn_waited_for_the_longest():
         pass
     for t in threads:
         t.join(10)
-    assert list(arbiter.held_up_by) == ["timer"]
-    turns, seconds = arbiter.held_up_by["timer"]
+    assert list(arbiter.held_up_by) == [("timer", "validating")]
+    turns, seconds = arbiter.held_up_by["timer", "validating"]
     assert turns == 1 and 0.3 < seconds <= arbiter.drain_s + 1e-6
+    said = f"trusted timers {seconds:.1f} s in 1 turn(s) (validating {seconds:.1f} s in 1)"
+    assert held_up_text(arbiter.held_up_by) == said
+
+
+def test_every_request_a_worker_runs_has_a_name_in_the_profile():
+    """The supervisor tells the arbiter what each request has the worker run, by these names."""
+    import typing
+
+    from grader.grading.exercise_run.supervise import DOING
+    from grader.grading.isolation import protocol
+
+    runs = set(typing.get_args(protocol.Request)) - {protocol.Job, protocol.Finish}
+    assert set(DOING) == runs and all(DOING.values())
 
 
 def test_a_compiling_process_never_holds_up_a_turn_and_continues_after_it():

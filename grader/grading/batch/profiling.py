@@ -57,12 +57,27 @@ def report(progress: Progress, slots: list[Slot], *, submissions: int,
                          f"{arbiter.alone_count} turn(s); waiting for the others' GPU work before them "
                          f"{arbiter.drain_s:.1f} s in all")
             if arbiter.held_up_by:
-                names = {"worker": "workers", "timer": "trusted timers", "grader": "the grader's references"}
-                lines.append("    the last to pause before a turn: " + ", ".join(
-                    f"{names.get(role, role)} {seconds:.1f} s in {turns:.0f} turn(s)"
-                    for role, (turns, seconds) in sorted(arbiter.held_up_by.items(), key=lambda kv: -kv[1][1])))
+                lines.append("    the last to pause before a turn: " + held_up_text(arbiter.held_up_by))
             refs = gpu_references.of(arbiter)
             if refs is not None:
                 lines.append(f"    the grader's float64 references: {refs.on_gpu} on this GPU, {refs.on_cpu} on the CPU"
                              + (f" (the CPU took over: {refs.broken})" if refs.broken else ""))
     progress.note("\n".join(lines))
+
+
+ROLES = {"worker": "workers", "timer": "trusted timers", "grader": "the grader's references"}
+
+
+def held_up_text(held_up_by: dict[tuple[str, str], list[float]]) -> str:
+    """Whose GPU work the turns waited for the longest: per role, then what it was running (longest first)."""
+    roles: dict[str, list[float]] = {}
+    for (role, _), (turns, seconds) in held_up_by.items():
+        total = roles.setdefault(role, [0, 0.0])
+        total[0] += turns
+        total[1] += seconds
+    parts = []
+    for role, (turns, seconds) in sorted(roles.items(), key=lambda kv: -kv[1][1]):
+        doing = sorted(((d, v) for (r, d), v in held_up_by.items() if r == role and d), key=lambda kv: -kv[1][1])
+        detail = f" ({'; '.join(f'{d} {v[1]:.1f} s in {v[0]:.0f}' for d, v in doing)})" if doing else ""
+        parts.append(f"{ROLES.get(role, role)} {seconds:.1f} s in {turns:.0f} turn(s){detail}")
+    return ", ".join(parts)

@@ -77,6 +77,11 @@ class WorkerStartError(RuntimeError):
     """The worker ended before it ran anything of the student's: the sandbox or the environment is broken."""
 
 
+# What a request has a worker run, in the profile's words.
+DOING = {protocol.RunCase: "a case", protocol.RunBadInput: "a bad input", protocol.RunExtra: "an extra check",
+         protocol.WarmUp: "the speed warm-up", protocol.RunSpeed: "the speed recording"}
+
+
 def describe(item: Item | None, exercise: Exercise) -> str:
     if item is None:
         return f"importing {exercise.module}.py"
@@ -186,7 +191,8 @@ class _Supervision:
                                    f"{outcome.stderr.text()[-2000:]}") from None
         result.add_time("worker start", time.monotonic() - started)
         loading, waited = time.monotonic(), worker.waited()
-        worker.send(protocol.Job(self.exercise.name, self.seen_root, settings.device, settings.call_timeout_s))
+        worker.send(protocol.Job(self.exercise.name, self.seen_root, settings.device, settings.call_timeout_s),
+                    doing="importing the module")
         loaded = worker.receive(min(self.deadline, time.monotonic() + settings.call_timeout_s + workers.GRACE_S),
                                 self.limit)
         self.deadline += worker.waited() - waited
@@ -254,7 +260,7 @@ class _Supervision:
         spends waiting for the GPU is not the student's: the limits move on by as much."""
         settings = self.settings
         waited = worker.waited()
-        worker.send(request)
+        worker.send(request, doing=DOING.get(type(request), type(request).__name__))
         self._judge_pending()  # judge the previous reply while the worker runs this request
         budget = request.budget_s if isinstance(request, protocol.RunSpeed) else 0.0
         call_text = f"took longer than the {settings.call_timeout_s + budget:g} s allowed for one call (stopped)"

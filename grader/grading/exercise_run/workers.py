@@ -150,7 +150,11 @@ class Worker:
         with contextlib.suppress(OSError):
             os.close(self._req_w)
 
-    def send(self, message) -> None:
+    def send(self, message, *, doing: str = "") -> None:
+        """Send ``message``; ``doing`` names what it has the worker run (the GPU's arbiter counts a turn's wait for
+        it under that name)."""
+        if self.gate is not None and doing:
+            self.gate.doing = doing
         self._writes.put(wire.encode(message))
 
     def waited(self) -> float:

@@ -37,6 +37,8 @@ class Client:
         self.process_fds = (to_process_r, from_process_w)  # what the process reads, what it writes
         self.drained = threading.Event()  # set when it has answered every pause sent so far
         self.drained_at = 0.0  # when it last answered a pause
+        self.doing = ""  # what the process runs now, as whoever started it says (for the profile)
+        self.drained_doing = ""  # what it was running when it last answered a pause
         self._pauses_sent = self._pauses_answered = 0
         self.done = threading.Event()  # its time alone is over
         self.gone = False
@@ -107,7 +109,7 @@ class Client:
                     if self._pausing and self._paused_since is None:
                         self._paused_since = time.monotonic()
                     self._pauses_answered += 1
-                    self.drained_at = time.monotonic()
+                    self.drained_at, self.drained_doing = time.monotonic(), self.doing
                     if self._pauses_answered >= self._pauses_sent:  # the answer to the latest pause
                         self.drained.set()
             elif byte == b"A":
@@ -160,7 +162,8 @@ class GpuArbiter:
         self.alone_count = 0
         self.drain_s = 0.0  # waiting for the others' GPU work to finish, before each turn
         self.queue_s = 0.0  # requests waiting for their turn (the drain included), in all
-        self.held_up_by: dict[str, list[float]] = {}  # role -> [turns, seconds]: the last to pause before a turn
+        # (role, what it was doing) -> [turns, seconds]: the last to pause before a turn
+        self.held_up_by: dict[tuple[str, str], list[float]] = {}
         threading.Thread(target=self._serve, name="gpu-arbiter", daemon=True).start()
 
     def connect(self, name: str, *, role: str = "worker") -> Client:
@@ -231,7 +234,7 @@ class GpuArbiter:
             self.drain_s += granted - started
             last = max(others, key=lambda c: c.drained_at, default=None)
             if last is not None and last.drained_at > started:  # who the turn waited for the longest
-                held = self.held_up_by.setdefault(last.role, [0, 0.0])
+                held = self.held_up_by.setdefault((last.role, last.drained_doing), [0, 0.0])
                 held[0] += 1
                 held[1] += last.drained_at - started
             self.queue_s += granted - turn.asked
