@@ -18,6 +18,7 @@ import pytest
 
 from grader.grading import config
 from grader.grading.commands import grade as grade_cmd
+from grader.grading.exercise_run import supervise
 from grader.grading.isolation import bwrap
 
 from .sandboxing import live_processes_with, sandbox_args, sandbox_options, sandboxed
@@ -227,6 +228,8 @@ def test_the_profile_says_where_the_time_and_the_cpu_went(tmp_path, capsys):
     assert re.search(r"profile solutions gelu: .*longest worker group [0-9.]+ s", err)
     state = json.loads((tmp_path / "out" / "students" / "solutions" / "state" / "gelu.json").read_text())
     assert state["profile"]["longest worker group"] > 0 and state["counts"]["worker groups"] == 1
+    # the worker's wait for the grader between its reply and the next request: some, and part of the group's time
+    assert 0 < state["profile"][supervise.IDLE] < state["profile"]["longest worker group"]
 
 
 def test_the_profile_splits_the_hosts_cpu_time_between_the_grader_and_the_rest(monkeypatch):

@@ -77,6 +77,7 @@ class WorkerStartError(RuntimeError):
     """The worker ended before it ran anything of the student's: the sandbox or the environment is broken."""
 
 
+IDLE = "worker idle (the grader judging, building the next request)"
 # What a request has a worker run, in the profile's words.
 DOING = {protocol.RunCase: "a case", protocol.RunBadInput: "a bad input", protocol.RunExtra: "an extra check",
          protocol.WarmUp: "the speed warm-up", protocol.RunSpeed: "the speed recording"}
@@ -260,6 +261,8 @@ class _Supervision:
         spends waiting for the GPU is not the student's: the limits move on by as much."""
         settings = self.settings
         waited = worker.waited()
+        if worker.replied_at is not None:  # since its last reply it has waited for this request
+            self.result.add_time(IDLE, time.monotonic() - worker.replied_at)
         worker.send(request, doing=DOING.get(type(request), type(request).__name__))
         self._judge_pending()  # judge the previous reply while the worker runs this request
         budget = request.budget_s if isinstance(request, protocol.RunSpeed) else 0.0

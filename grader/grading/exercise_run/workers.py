@@ -121,6 +121,7 @@ class Worker:
         threading.Thread(target=self._read, daemon=True).start()
         threading.Thread(target=self._write, daemon=True).start()
         self.outcome: processes.Outcome | None = None
+        self.replied_at: float | None = None  # when its last message came: from then on it waits for the grader
 
     def _read(self) -> None:
         with os.fdopen(self._rep_r, "rb", buffering=0) as stream:
@@ -135,6 +136,7 @@ class Worker:
                 if record is None:
                     self._replies.put(None)
                     return
+                self.replied_at = time.monotonic()
                 try:
                     self._replies.put(wire.decode(record, extra_fields=self.extra_fields))
                 except protocol.ProtocolError as exc:
