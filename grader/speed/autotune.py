@@ -32,8 +32,8 @@ from grader.checks import gpu_gate
 
 FIRST, COMPILE, TUNE = "first", "compile", "tune"
 # Timing one candidate in TUNE mode, in ms (Triton's own default is 25 + 100). With the GPU alone, the median of
-# the runs that fit in 25 ms (10 or more for a benchmark's kernels, which take 0.01 to 2.5 ms) tells configs apart
-# that differ by a few percent, and a part's choices take a fifth of the time.
+# the runs that fit in 25 ms picked configs for the reference solutions that keep their speed credit, in a fifth of
+# the time (docs/performance.md, "Grading time").
 TUNE_WARMUP_MS, TUNE_REP_MS = 5, 25
 _FAILED = [float("inf")] * 3  # what Triton's own _bench returns for a config it cannot build
 _CHOSEN = [0.0] * 3
