@@ -304,3 +304,37 @@ def test_a_batch_on_fake_gpus_moves_the_work_of_a_failed_gpu_and_says_so(tmp_pat
     report = (out / "students" / "sam" / "report.md").read_text()
     assert f"on GPU {sam.device['index']} (Fake H100, GPU-fake-{sam.device['index']}), graded again there" in report
     assert "GPUs taken out of the pool" in (out / store.CLASS_REPORT_HTML).read_text()
+
+
+@pytest.mark.slow
+def test_a_slow_judge_never_keeps_the_worker_waiting(tmp_path):
+    """Replies are judged beside the worker: with every verdict taking 0.6 s, the worker gets each next request as
+    soon as it replies (its idle time stays a small fraction of the judging), every reply is judged in the order
+    the items ran, and a judge that raises still ends the run with the grader's fault."""
+    from grader.grading import config
+    from grader.grading.exercise_run import plan, supervise
+
+    settings = config.resolve(config.GradeOptions(random_cases=5, timeout_s=120), config.load_course(),
+                              device="cpu", secret="s", workdir=tmp_path)
+    items = [it for it in plan.plan(GELU, device="cpu", secret="s", random_cases=5, speed_budget_s=0.1)
+             if it.role in ("example", "random")][:8]
+    (tmp_path / "scratch").mkdir()
+    judged: list[str] = []
+
+    def slow_judge(item, request, reply):
+        time.sleep(0.6)
+        judged.append(item.id)
+
+    run = supervise.run(GELU, Path(__file__).resolve().parents[1] / "solutions", items, settings,
+                        scratch=tmp_path / "scratch", on_reply=slow_judge)
+    assert judged == [it.id for it in items] and set(run.replies) == set(judged), (run.failed, run.problems)
+    assert run.profile["judge (grader)"] >= 0.6 * len(items)
+    assert run.profile[supervise.IDLE] < 0.1 * run.profile["judge (grader)"], run.profile
+
+    def faulty_judge(item, request, reply):
+        if item is items[1]:
+            raise RuntimeError("a bug of the judge")
+
+    with pytest.raises(RuntimeError, match="a bug of the judge"):
+        supervise.run(GELU, Path(__file__).resolve().parents[1] / "solutions", items[:4], settings,
+                      scratch=tmp_path / "scratch", on_reply=faulty_judge)

@@ -4,8 +4,10 @@ The grader starts a worker (:mod:`grader.grading.isolation.worker`) in a sandbox
 (:mod:`grader.grading.isolation.bwrap`; in its own process group only, where the instructor opted out of the
 sandbox) with two pipes of its own, sends the job, then one request per item and waits for the reply, within
 a limit per call (the ``call_timeout_s``, plus the timing budget for speed) and for the whole exercise
-(``timeout_s``). While the worker runs an item, the grader judges the previous reply (``on_reply``) and builds
-the next item's inputs, so its CPU work overlaps the worker's.
+(``timeout_s``). While the worker runs an item, the grader builds the next item's request, so that it goes out as
+soon as the reply comes; replies are judged (``on_reply``) in order on a thread of their own, so that judging (a
+float64 reference computed, or awaited from another run of the batch that is computing it) never keeps the worker
+waiting.
 
 A worker that crashes, overruns a limit or sends something that is not a message is stopped (with every
 process it started), the item it was running fails with the reason, and a new worker goes on with the items not
@@ -24,6 +26,8 @@ fault (:class:`WorkerStartError`), never the student's.
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -77,7 +81,7 @@ class WorkerStartError(RuntimeError):
     """The worker ended before it ran anything of the student's: the sandbox or the environment is broken."""
 
 
-IDLE = "worker idle (the grader judging, building the next request)"
+IDLE = "worker idle (waiting for the grader's next request)"
 # What a request has a worker run, in the profile's words.
 DOING = {protocol.RunCase: "a case", protocol.RunBadInput: "a bad input", protocol.RunExtra: "an extra check",
          protocol.WarmUp: "the speed warm-up", protocol.RunSpeed: "the speed recording"}
@@ -120,14 +124,57 @@ def run(exercise: Exercise, root: Path, items: list[Item], settings: RunSettings
         arbiter: GpuArbiter | None = None,
         defer_speed: bool = False, references: CaseReferences | None = None) -> Run:
     """Run ``items`` (the skipped ones excepted) and return every reply, or why there is none. ``on_reply``
-    sees each item's request and reply while the worker runs the next item. ``arbiter``: the GPU's, when exercise
-    runs share it (each worker is connected to it; time a worker waits for the GPU is added to its limits).
+    sees each item's request and reply, in order, on a thread of its own while the worker runs the next items.
+    ``arbiter``: the GPU's, when exercise runs share it (each worker is connected to it; time a worker waits for
+    the GPU is added to its limits).
     ``defer_speed``: a speed item's reply (its recorded launches) is not given to ``on_reply`` but kept in
     :attr:`Run.to_time`, for the trusted timer to time once every worker of the student's has ended.
     ``references``: where the cases' inputs come from (the batch's store)."""
     supervision = _Supervision(exercise, root, settings, scratch=scratch, cache_dir=cache_dir, on_reply=on_reply,
                                arbiter=arbiter, defer_speed=defer_speed, references=references, items=items)
     return supervision.run([it for it in items if it.skip_reason is None])
+
+
+JUDGE_BACKLOG = 64  # replies waiting to be judged, at most: each holds its inputs and outputs in memory
+
+
+class _Judging:
+    """Replies judged in order on a thread of their own. A fault of the judging is raised in the supervisor's thread
+    (at the next reply, or at :meth:`close`): the exercise needs a regrade, as if it were judged there."""
+
+    def __init__(self, on_reply: Callable[[Item, protocol.Request, protocol.ItemReply], None], name: str):
+        self.on_reply = on_reply
+        self.seconds = 0.0  # spent judging ("judge (grader)" in the profile)
+        self._queue: queue.Queue = queue.Queue(maxsize=JUDGE_BACKLOG)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread.start()
+
+    def put(self, item: Item, request: protocol.Request, reply: protocol.ItemReply) -> None:
+        self._raise()
+        self._queue.put((item, request, reply))
+
+    def close(self) -> None:
+        """Wait until every reply given so far is judged; raise the first fault of the judging, if any."""
+        self._queue.put(None)
+        self._thread.join()
+        self._raise()
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def _serve(self) -> None:
+        while (entry := self._queue.get()) is not None:
+            if self._error is not None:
+                continue  # the run ends with the fault: the rest is not judged
+            start = time.monotonic()
+            try:
+                self.on_reply(*entry)
+            except BaseException as exc:
+                self._error = exc
+            self.seconds += time.monotonic() - start
 
 
 class _Supervision:
@@ -145,7 +192,9 @@ class _Supervision:
         self.seen_root, self.grader_dir = workers.worker_view(settings, root)
         self.not_implemented: dict[str, str] = {}  # part.missing_key -> message
         self.first_calls: set[str] = set()  # parts whose first call was made (it compiles: profiled apart)
-        self.judge_next: list[tuple[Item, protocol.Request, protocol.ItemReply]] = []
+        self.judging: _Judging | None = None  # while run() runs, where on_reply is given
+        self.upcoming: list[Item] = []  # the items after the current one
+        self.prepared: dict[str, protocol.Request] = {}  # the next item's request, built while the worker ran
         self.crashes: dict[str, int] = {}  # part -> workers it crashed or left broken
         self.poisoned: list[str] = []  # set by ask(): the worker said its CUDA context is broken
         self.limit = f"timed out after {settings.timeout_s:g} s (stopped, with every process it started)"
@@ -153,6 +202,20 @@ class _Supervision:
         self.progress = 0  # items the current worker answered
 
     def run(self, remaining: list[Item]) -> Run:
+        if self.on_reply is not None:
+            self.judging = _Judging(self.on_reply, f"judge {self.scratch.name}")
+        try:
+            self._run(remaining)
+        finally:
+            if self.judging is not None:
+                judging, self.judging = self.judging, None
+                try:
+                    judging.close()
+                finally:
+                    self.result.add_time("judge (grader)", judging.seconds)
+        return self.result
+
+    def _run(self, remaining: list[Item]) -> None:
         result, settings = self.result, self.settings
         attempt = 0
         while remaining:
@@ -165,8 +228,10 @@ class _Supervision:
             self.poisoned.clear()
             self.current, self.progress = None, 0
             try:
+                self.upcoming = list(remaining)
+                self._prepare_next()  # the first request, built while the worker starts
                 self._start(worker)
-                self._run_items(worker, list(remaining))
+                self._run_items(worker, self.upcoming)
                 remaining = []
                 result.logs.append(workers.log_text(worker.finish(), attempt))
             except workers.Ended as ended:
@@ -174,8 +239,6 @@ class _Supervision:
                 attempt += 1
             finally:
                 worker.stop()
-        self._judge_pending()
-        return result
 
     def _start(self, worker: workers.Worker) -> None:
         """Wait for the worker's hello, then have it import the student's module."""
@@ -205,6 +268,7 @@ class _Supervision:
 
     def _run_items(self, worker: workers.Worker, queue_: list[Item]) -> None:
         result = self.result
+        self.upcoming = queue_
         while queue_:
             item = queue_.pop(0)
             if item.part.name in result.load_errors:
@@ -213,7 +277,7 @@ class _Supervision:
             if item.part.missing_key in self.not_implemented:
                 result.not_run[item.id] = f"not implemented: {self.not_implemented[item.part.missing_key]}"
                 continue
-            request = _request(item, self.references)
+            request = self.prepared.pop(item.id, None) or _request(item, self.references)
             self.current, sent = item, time.monotonic()
             if isinstance(request, protocol.RunSpeed):  # compile every candidate first; then autotune and record
                 self._warm_up(worker, item, sent)
@@ -232,8 +296,8 @@ class _Supervision:
                 self.not_implemented.setdefault(item.part.missing_key, message)
             if self.defer_speed and isinstance(reply, protocol.SpeedDone):
                 result.to_time.append((item, request, reply))
-            else:
-                self.judge_next.append((item, request, reply))
+            elif self.judging is not None:
+                self.judging.put(item, request, reply)
             if self.poisoned:  # the worker exits: the next items run in a fresh one
                 self._crashed(item)
                 raise workers.Ended(f"{describe(item, self.exercise)} left the CUDA context broken "
@@ -264,7 +328,7 @@ class _Supervision:
         if worker.replied_at is not None:  # since its last reply it has waited for this request
             self.result.add_time(IDLE, time.monotonic() - worker.replied_at)
         worker.send(request, doing=DOING.get(type(request), type(request).__name__))
-        self._judge_pending()  # judge the previous reply while the worker runs this request
+        self._prepare_next()
         budget = request.budget_s if isinstance(request, protocol.RunSpeed) else 0.0
         call_text = f"took longer than the {settings.call_timeout_s + budget:g} s allowed for one call (stopped)"
         call_deadline = time.monotonic() + settings.call_timeout_s + budget + workers.GRACE_S
@@ -281,13 +345,16 @@ class _Supervision:
                                 f"while running {item.id!r}")
         return reply
 
-    def _judge_pending(self) -> None:
-        while self.judge_next:
-            item, request, reply = self.judge_next.pop(0)
-            if self.on_reply is not None:
-                start = time.monotonic()
-                self.on_reply(item, request, reply)
-                self.result.add_time("judge (grader)", time.monotonic() - start)
+    def _prepare_next(self) -> None:
+        """Build the next item's request while the worker runs this one (its inputs: loaded from the batch's store,
+        or drawn). A failure is left for the item's turn, which builds it again and fails there."""
+        if not self.upcoming or self.upcoming[0].id in self.prepared:
+            return
+        following = self.upcoming[0]
+        try:
+            self.prepared = {following.id: _request(following, self.references)}
+        except Exception:
+            self.prepared = {}
 
     def _after_end(self, worker: workers.Worker, ended: workers.Ended, remaining: list[Item],
                    attempt: int) -> list[Item]:
