@@ -231,7 +231,7 @@ class _Supervision:
                 self.upcoming = list(remaining)
                 self._prepare_next()  # the first request, built while the worker starts
                 self._start(worker)
-                self._run_items(worker, self.upcoming)
+                self._run_items(worker)
                 remaining = []
                 result.logs.append(workers.log_text(worker.finish(), attempt))
             except workers.Ended as ended:
@@ -266,11 +266,11 @@ class _Supervision:
         result.loaded = True
         result.load_errors = dict(loaded.errors)
 
-    def _run_items(self, worker: workers.Worker, queue_: list[Item]) -> None:
+    def _run_items(self, worker: workers.Worker) -> None:
+        """Run :attr:`upcoming`, one item at a time."""
         result = self.result
-        self.upcoming = queue_
-        while queue_:
-            item = queue_.pop(0)
+        while self.upcoming:
+            item = self.upcoming.pop(0)
             if item.part.name in result.load_errors:
                 result.not_run[item.id] = "the module did not load"
                 continue
