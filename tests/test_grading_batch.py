@@ -232,6 +232,22 @@ def test_the_profile_says_where_the_time_and_the_cpu_went(tmp_path, capsys):
     assert 0 < state["profile"][supervise.IDLE] < state["profile"]["longest worker group"]
 
 
+def test_the_profile_names_each_worker_group_by_its_parts():
+    """Where an exercise's parts run in worker groups side by side, ``--profile`` gives each group's wall time under
+    the group's name: its parts, and "speed" for a part's speed measurement in a worker of its own."""
+    from types import SimpleNamespace
+
+    from grader.grading.exercise_run import runner
+
+    def item(part: str, role: str):
+        return SimpleNamespace(part=SimpleNamespace(name=part), role=role)
+
+    assert runner._group_name([item("forward", "example"), item("forward", "random"), item("forward", "speed")]) \
+        == "forward"
+    assert runner._group_name([item("autograd", "speed")]) == "autograd speed"
+    assert runner._group_name([item("forward", "example"), item("backward", "example")]) == "forward + backward"
+
+
 def test_the_profile_splits_the_hosts_cpu_time_between_the_grader_and_the_rest(monkeypatch):
     """The host's busy time over the batch, the grader's own CPU time out of it, and the rest (its workers and timers,
     whose CPU the kernel does not count among the grader's children when they run in a sandbox)."""

@@ -1,6 +1,8 @@
 """The trusted timer on a CPU: it shares nothing with the student's process, refuses every plan that would touch
 memory it does not own, tells a plan that cannot be replayed apart from a grader fault, and checks a replay's
-outputs against the baseline. (Recording and replaying kernels need a GPU: tests/test_gpu_trusted_timer.py.)"""
+outputs against the baseline; it prepares its jobs as soon as they are recorded and times them only when every
+worker has ended, and a crash or hang while it prepares is charged to the benchmark whose kernels ran.
+(Recording and replaying kernels need a GPU: tests/test_gpu_trusted_timer.py.)"""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -286,3 +289,107 @@ def test_a_timer_started_ahead_waits_for_its_jobs_and_an_unused_one_is_stopped(t
     process, work = unused.process, unused.work
     unused.close()
     assert not process.alive() and not work.exists()
+
+
+# A stand-in timer process: the real timer's main (its job file, its go file, its results), with its GPU steps
+# replaced by lines in steps.txt beside the job ("prepared <part>", "timed <part>").
+_STEPS_BOOT = (
+    "import sys; sys.path.insert(0, sys.argv[1]); del sys.argv[1]; import pathlib, torch; "
+    "from grader.speed import timer as t; steps = pathlib.Path(sys.argv[1]).with_name('steps.txt'); "
+    "log = lambda line: open(steps, 'a').write(line + '\\n'); "
+    "torch.cuda.get_device_name = lambda *a: 'fake GPU'; "
+    "t.prepare = lambda job, folder, index=0: (log(f'prepared {job.part}'), job)[1]; "
+    "t.time_prepared = lambda job, folder, index=0: (log(f'timed {job.part}'), t.TimerResult('fake GPU'))[1]; "
+    "sys.exit(t.main())")
+
+
+def test_a_timer_prepares_its_jobs_at_once_and_times_them_only_when_told(tmp_path, monkeypatch):
+    """Handed its jobs as soon as every speed measurement is recorded, the timer loads and validates them while
+    the student's other workers may still run, but starts the timed rounds only when :meth:`Timer.run` says that
+    every worker has ended; a timer given other jobs than it prepared is not used for them."""
+    monkeypatch.setattr(timer_process, "_BOOT", _STEPS_BOOT)
+    jobs = [timer.TimerJob("rmsnorm", part, 1.0, {"x": toy_plan()}) for part in ("forward", "backward")]
+    ahead = timer_process.Timer(_settings(tmp_path, device="cpu"), scratch=tmp_path / "a", arbiter=None)
+    try:
+        ahead.prepare(jobs)
+        steps = ahead.work / "steps.txt"
+        for _ in range(200):
+            if steps.is_file() and steps.read_text().count("\n") == 2:
+                break
+            ahead.process.wait(0.05)
+        assert steps.read_text().splitlines() == ["prepared forward", "prepared backward"]
+        assert not ahead.process.wait(1.0) and not (ahead.work / "result.json").exists()  # waiting to be told
+        assert not ahead.can_run(jobs[:1]) and ahead.can_run(jobs)
+        results = ahead.run(jobs)
+        assert [r.gpu for r in results] == ["fake GPU"] * 2
+        assert steps.read_text().splitlines()[2:] == ["timed forward", "timed backward"]
+    finally:
+        ahead.close()
+
+
+def test_a_crash_while_preparing_a_later_part_is_charged_to_it_and_the_earlier_parts_are_timed_anew(
+        tmp_path, monkeypatch):
+    """The timer prepares every part before it times the first: a crash while it loads or validates the second
+    part's replays fails that part's benchmark (the kernels running were its own), and the first part, prepared
+    but never timed, is timed by a new timer."""
+    ok = json.dumps(timer.TimerResult("GPU", [BenchmarkTiming("a", times={}).to_dict()]).to_dict())
+    boot = ("import sys, json, os, pathlib; jobs = json.loads(pathlib.Path(sys.argv[2]).read_text())['jobs']; "
+            f"p = pathlib.Path(sys.argv[3]); progress = p.parent / {timer.PROGRESS!r}; "
+            "progress.write_text('0 a\\n1 b\\n') if len(jobs) == 2 else p.write_text(" + repr(ok) + "); "
+            "len(jobs) == 2 and os.abort()")
+    monkeypatch.setattr(timer_process, "_BOOT", boot)
+    parts = [timer_process.PartTiming(name, SpeedMeasurement("GPU", [BenchmarkTiming(label)],
+                                                            plans={label: toy_plan()}), 1.0)
+             for name, label in (("forward", "a"), ("backward", "b"))]
+    timer_process.time_parts(_settings(tmp_path), "rmsnorm", parts, scratch=tmp_path)
+    first, second = (entry.measurement for entry in parts)
+    assert first.benchmarks[0].error is None and first.timer_fault is None
+    assert second.benchmarks[0].error.startswith("the replayed kernels crashed the timer")
+    assert second.benchmarks[0].label == "b"
+
+
+def test_the_timer_gets_its_jobs_once_the_speed_groups_end_while_the_other_groups_still_run():
+    """An exercise's worker groups run side by side; the runs of those that measure speed go to the timer (to
+    prepare) as soon as those have all ended, not when the slowest group of correctness checks ends."""
+    from types import SimpleNamespace
+
+    from grader.grading.exercise_run import runner, supervise
+
+    told = threading.Event()
+    order: list[str] = []
+    groups = [[SimpleNamespace(kind="speed", name="a")], [SimpleNamespace(kind="case", name="b")],
+              [SimpleNamespace(kind="speed", name="c")]]
+
+    def run_group(group):
+        if group[0].kind == "case":
+            assert told.wait(10), "the correctness group ended before the timer was told"
+        order.append(group[0].name)
+        return supervise.Run(logs=[group[0].name])
+
+    def speed_recorded(runs):
+        order.append("timer")
+        assert [r.logs for r in runs] == [["a"], ["c"]]
+        told.set()
+
+    runs = runner._side_by_side(groups, run_group, speed_recorded)
+    assert [r.logs for r in runs] == [["a"], ["b"], ["c"]]  # in the groups' order
+    assert order.index("timer") < order.index("b")
+
+
+def test_a_replay_that_hangs_while_the_timer_prepares_is_stopped_and_charged_to_its_benchmark(tmp_path, monkeypatch):
+    """Preparing happens while the student's last workers may still run, before anyone waits for the timer: its
+    preparation has a limit of its own, and a timer that outlasts it (here one that hangs after announcing a
+    benchmark) is stopped then, not when the workers end; the hang is charged to that benchmark."""
+    boot = (f"import sys, pathlib, time; (pathlib.Path(sys.argv[3]).parent / {timer.PROGRESS!r}).write_text('0 a\\n'); "
+            "time.sleep(600)")
+    monkeypatch.setattr(timer_process, "_BOOT", boot)
+    monkeypatch.setattr(timer_process, "SETUP_S", 1.0)
+    jobs = [timer.TimerJob("gelu", "forward", 0.5, {"a": toy_plan()})]
+    ahead = timer_process.Timer(_settings(tmp_path, device="cpu"), scratch=tmp_path / "a", arbiter=None)
+    try:
+        ahead.prepare(jobs)
+        assert ahead.process.wait(20.0), "the timer hanging in its preparation was not stopped"
+        [result] = ahead.run(jobs)
+        assert result.benchmarks[0]["error"] == "the replayed kernels did not finish within 1.5 s while timing a"
+    finally:
+        ahead.close()

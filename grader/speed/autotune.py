@@ -9,7 +9,8 @@ leave it alone):
   student's ``prune_configs_by``, is run once until one runs (a config Triton cannot build, e.g. too much shared
   memory, is skipped as the autotuner would skip it). Every config a student lists must be correct: another GPU
   could pick any of them.
-* ``COMPILE`` (the speed warm-up, sharing the GPU): every candidate is compiled and run once, not timed.
+* ``COMPILE`` (the speed warm-up, sharing the GPU): every candidate is compiled and run once, not timed. The
+  candidates of a choice are compiled all at once, on threads (:func:`_compile_ahead`), then run one by one.
 * ``TUNE`` (the speed recording): Triton's own autotuning, timing the candidates that are already compiled, with
   the GPU alone (:func:`grader.checks.gpu_gate.current`'s ``alone()``, taken when the first candidate is timed and
   given back when the autotuner has chosen; inside :func:`one_turn`, given back at the end of that block, so that
@@ -23,6 +24,7 @@ Choices made in ``FIRST``/``COMPILE`` are never written to Triton's on-disk auto
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import threading
 import weakref
@@ -35,6 +37,9 @@ FIRST, COMPILE, TUNE = "first", "compile", "tune"
 # the runs that fit in 25 ms picked configs for the reference solutions that keep their speed credit, in a fifth of
 # the time (docs/performance.md, "Grading time").
 TUNE_WARMUP_MS, TUNE_REP_MS = 5, 25
+# Threads compiling one choice's candidates at once. Triton's compiler leaves Python's lock while it works (its
+# passes, ptxas), so they run side by side; a choice has a handful of candidates (the reference solutions: 4 to 7).
+COMPILE_THREADS = 8
 _FAILED = [float("inf")] * 3  # what Triton's own _bench returns for a config it cannot build
 _CHOSEN = [0.0] * 3
 
@@ -104,7 +109,8 @@ def install(default: str = FIRST) -> bool:
         self.cache_results = False  # an untimed choice never reaches the on-disk autotune cache
         self._grader_found = False
         try:
-            return run(self, *args, **kwargs)
+            with _candidates_seen(self) if current == COMPILE else contextlib.nullcontext():
+                return run(self, *args, **kwargs)
         finally:
             self.cache_results = saved
             if isinstance(cache, dict):
@@ -127,6 +133,10 @@ def install(default: str = FIRST) -> bool:
                 return bench(self, *args, config=config, **meta)
         if current == FIRST and getattr(self, "_grader_found", False):
             return _FAILED  # a runnable config was found: the others are neither built nor run
+        if current == COMPILE:
+            candidates, self._grader_candidates = getattr(self, "_grader_candidates", None), None
+            if candidates:  # the first candidate of the choice: compile them all now, at once
+                _compile_ahead(self, args, meta, candidates)
         with _benchmarker(self, _run_once):
             result = bench(self, *args, config=config, **meta)
         if result == _FAILED:
@@ -138,6 +148,67 @@ def install(default: str = FIRST) -> bool:
     Autotuner._bench = patched_bench
     _installed = True
     return True
+
+
+@contextlib.contextmanager
+def _candidates_seen(tuner) -> Iterator[None]:
+    """In the block, the candidates ``tuner`` keeps after the student's pruning are left in
+    ``tuner._grader_candidates`` for :func:`_compile_ahead` (the autotuner prunes once per choice)."""
+    had = "prune_configs" in tuner.__dict__
+    prune = tuner.prune_configs
+
+    def prune_and_keep(*args, **kwargs):
+        configs = prune(*args, **kwargs)
+        tuner._grader_candidates = list(configs) if len(configs) > 1 else None
+        return configs
+
+    tuner.__dict__["prune_configs"] = prune_and_keep
+    try:
+        yield
+    finally:
+        tuner._grader_candidates = None
+        if had:
+            tuner.__dict__["prune_configs"] = prune
+        else:
+            tuner.__dict__.pop("prune_configs", None)
+
+
+def _compile_ahead(tuner, args: tuple, meta: dict, candidates: list) -> None:
+    """Compile every candidate of one choice of ``tuner`` at once, on threads, with Triton's asynchronous
+    compilation: each candidate's arguments are bound here, one after the other (after its ``pre_hook``, which may
+    change them: a tensor descriptor's block shape is part of the kernel's signature), and compiled on a thread.
+    The autotuner then runs the candidates one by one from the compiled kernels. A candidate that fails to compile
+    is left to it: it compiles it again, meets the error and skips it as usual. Not in the interpreter (nothing to
+    compile there) nor where Triton has no asynchronous compilation."""
+    try:
+        from triton.runtime._async_compile import AsyncCompileMode
+        from triton.runtime.interpreter import InterpretedFunction
+    except ImportError:
+        return
+    kernel = tuner.fn
+    while not isinstance(kernel, InterpretedFunction) and hasattr(kernel, "fn") and hasattr(kernel.fn, "run"):
+        kernel = kernel.fn  # through the student's @triton.heuristics, to the kernel itself
+    if isinstance(kernel, InterpretedFunction):
+        return
+    with concurrent.futures.ThreadPoolExecutor(min(len(candidates), COMPILE_THREADS),
+                                               thread_name_prefix="compile") as threads:
+        compiling = AsyncCompileMode(threads, ignore_errors=True)
+        try:
+            compiling.__enter__()
+        except RuntimeError:  # the student's own asynchronous compilation is under way: compile one by one
+            return
+        try:
+            for config in candidates:
+                current = {**meta, **config.all_kwargs(), "warmup": True}
+                try:
+                    if config.pre_hook:
+                        config.pre_hook({**tuner.nargs, **current})
+                    tuner.fn.run(*args, **current)
+                except Exception:  # met again, and reported, when the autotuner runs this candidate
+                    continue
+        finally:
+            with gpu_gate.current().released():  # waiting for the compiler is not GPU work: nobody waits for it
+                compiling.__exit__(None, None, None)
 
 
 @contextlib.contextmanager

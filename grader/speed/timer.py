@@ -4,7 +4,9 @@ The grader starts one per student's exercise, in a sandbox that shows it the gra
 folder only, never the submission: it could not import the student's module if it tried, and it imports
 nothing that does (a test holds it so). It reads a :class:`TimerJob` per speed-graded part (the part, the
 timing budget and the :class:`~grader.speed.plan.LaunchPlan` the student's worker recorded for each
-benchmark), times every plan with :func:`grader.speed.trusted.time_plan` in a CUDA context of its own, and
+benchmark) and times every plan in a CUDA context of its own: it first loads and validates every job's replays
+(:func:`prepare`), then, once told to go (:data:`GO`, where the job file asks it to wait: the student's last
+processes may still be running while it prepares, never while it times), times them (:func:`time_prepared`) and
 writes a :class:`TimerResult` per job as it finishes (``RESULT.json`` for the first, ``RESULT-1.json``, ... for
 the others). It holds no secret and nothing of another student: whatever a replayed kernel does to its GPU memory
 ends with the process.
@@ -27,6 +29,8 @@ from typing import Any
 from grader.speed.plan import LaunchPlan, PlanError
 
 PROGRESS = "progress.txt"  # beside the result: "<job> <label>" before each step that runs a benchmark's kernels
+GO = "go"  # beside the job file: the timed rounds may start (every process of the student's has ended)
+PREPARED = "prepared"  # beside the job file, from the timer: every job is prepared, and it waits for GO
 
 
 @dataclass
@@ -68,11 +72,21 @@ def job_result(first: Path, index: int) -> Path:
     return first if index == 0 else first.with_name(f"{first.stem}-{index}{first.suffix}")
 
 
-def run(job: TimerJob, folder: Path, *, index: int = 0) -> TimerResult:
-    """Time every plan of ``job`` (see the module docstring), working in ``folder``: every replay loaded and
-    validated, then the timed rounds of all of them in one turn alone, then each validated again. ``"<index>
-    <label>"`` is appended to ``folder/PROGRESS`` before each step that runs a benchmark's kernels, so that whoever
-    started the timer knows which benchmark a crash or a hang belongs to."""
+@dataclass
+class PreparedJob:
+    """A job's replays loaded and validated (:func:`prepare`), waiting for their timed rounds."""
+
+    job: TimerJob
+    result: TimerResult
+    entries: list[Any]  # trusted.Prepared, in the part's benchmark order
+    per_benchmark_s: float
+
+
+def prepare(job: TimerJob, folder: Path, *, index: int = 0) -> PreparedJob:
+    """Load and validate every plan of ``job``, sharing the GPU (one benchmark per ``use()`` stretch: a pause for
+    another process's turn waits for one benchmark's loading and validation at most, not the whole part's); the
+    first that is refused, fails or is wrong ends the job's benchmarks. Each step that runs the student's kernels
+    is announced in ``folder/PROGRESS`` first (see :func:`run`)."""
     import torch
 
     from grader import exercises
@@ -80,29 +94,35 @@ def run(job: TimerJob, folder: Path, *, index: int = 0) -> TimerResult:
     from grader.speed import trusted
 
     part = exercises.get(job.exercise).part(job.part)
-    result = TimerResult(torch.cuda.get_device_name())
     planned = [b for b in part.benchmarks if b.label in job.plans]
-    per_benchmark = job.budget_s / max(1, len(planned))
+    done = PreparedJob(job, TimerResult(torch.cuda.get_device_name()), [], job.budget_s / max(1, len(planned)))
     gate = gpu_gate.current()
-    prepared: list[trusted.Prepared] = []
-    # Sharing the GPU, one benchmark per use() stretch: a pause for another process's turn waits for one
-    # benchmark's loading and validation at most, not the whole part's.
-    for i, bench in enumerate(planned):  # load and validate every benchmark's replay
+    for i, bench in enumerate(planned):
         _started(folder, index, bench.label)
         with gate.use():
             entry = trusted.prepare(part, bench, job.plans[bench.label], folder=folder / "replay" / f"j{index}b{i}")
-        prepared.append(entry)
+        done.entries.append(entry)
         if entry.replay is None:  # refused, failed or wrong: the benchmarks after it are not timed
             break
-    ready = [entry for entry in prepared if entry.replay is not None]
+    return done
+
+
+def time_prepared(prepared: PreparedJob, folder: Path, *, index: int = 0) -> TimerResult:
+    """The timed rounds of every validated replay of ``prepared`` in one turn alone (each turn costs the other
+    processes on the GPU a pause), then each replay validated again, sharing the GPU."""
+    from grader.checks import gpu_gate
+    from grader.speed import trusted
+
+    gate, result = gpu_gate.current(), prepared.result
+    ready = [entry for entry in prepared.entries if entry.replay is not None]
     if ready:
-        with gate.alone():  # one turn for the part's timed rounds: each turn costs the others a pause
+        with gate.alone():
             for entry in ready:
                 _started(folder, index, entry.bench.label)
-                trusted.measure_prepared(entry, budget_s=per_benchmark, baselines=job.baselines)
+                trusted.measure_prepared(entry, budget_s=prepared.per_benchmark_s, baselines=prepared.job.baselines)
                 if entry.row.error:  # its row ends the part's rows (below)
                     break
-    for entry in prepared:  # each replay validated again after its timed rounds
+    for entry in prepared.entries:
         _started(folder, index, entry.bench.label)
         with gate.use():
             timed = trusted.finish(entry)
@@ -112,6 +132,14 @@ def run(job: TimerJob, folder: Path, *, index: int = 0) -> TimerResult:
         if timed.row.error:
             break
     return result
+
+
+def run(job: TimerJob, folder: Path, *, index: int = 0) -> TimerResult:
+    """Time every plan of ``job`` (see the module docstring), working in ``folder``: every replay loaded and
+    validated, then the timed rounds of all of them in one turn alone, then each validated again. ``"<index>
+    <label>"`` is appended to ``folder/PROGRESS`` before each step that runs a benchmark's kernels, so that whoever
+    started the timer knows which benchmark a crash or a hang belongs to."""
+    return time_prepared(prepare(job, folder, index=index), folder, index=index)
 
 
 def _started(folder: Path, index: int, label: str) -> None:
@@ -176,11 +204,17 @@ def main(argv: list[str] | None = None) -> int:
         data = json.loads(job_path.read_text())
         jobs = [TimerJob.from_dict(d) for d in (data["jobs"] if isinstance(data, dict) and "jobs" in data
                                                  else [data])]
+        wait_for_go = bool(data.get("wait_for_go", False)) if isinstance(data, dict) else False
     except (PlanError, KeyError, TypeError, ValueError) as exc:
         _write(first, TimerResult("", error=f"the timer's job is malformed: {type(exc).__name__}: {exc}"))
         return 0
-    for index, job in enumerate(jobs):
-        _write(job_result(first, index), run(job, first.parent, index=index))
+    prepared = [prepare(job, first.parent, index=index) for index, job in enumerate(jobs)]
+    if wait_for_go:
+        job_path.with_name(PREPARED).write_text("")
+        if not _wait_for(job_path.with_name(GO)):
+            return 0
+    for index, entry in enumerate(prepared):
+        _write(job_result(first, index), time_prepared(entry, first.parent, index=index))
     return 0
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -73,7 +74,7 @@ def grade_exercise(exercise: Exercise, root: Path, *, settings: RunSettings, scr
         arbiter = slot.arbiter if slot is not None else None
         groups = _groups(items, settings)
 
-        walls: list[float] = []  # each group's wall time: the longest is the exercise's critical path (--profile)
+        walls: dict[str, float] = {}  # each group's wall time: the longest is the exercise's critical path (--profile)
 
         def run_group(group: list) -> supervise.Run:
             began = time.monotonic()
@@ -81,15 +82,23 @@ def grade_exercise(exercise: Exercise, root: Path, *, settings: RunSettings, scr
                 return supervise.run(exercise, root, group, settings, scratch=scratch, cache_dir=cache_dir,
                                      on_reply=judge.on_reply, arbiter=arbiter, defer_speed=True, references=refs)
             finally:
-                walls.append(time.monotonic() - began)
+                walls[_group_name(group)] = time.monotonic() - began
 
         timer = _timer_ahead(settings, scratch, arbiter) if timed and settings.device == "cuda" else None
+
+        def prepare_timer(runs: list[supervise.Run]) -> None:  # every speed measurement recorded
+            to_time = [entry for r in runs for entry in r.to_time]
+            if timer is not None and to_time:
+                try:
+                    timer_process.prepare_parts(exercise.name, _part_timings(to_time), timer)
+                except Exception:  # the timer then gets its jobs when every worker has ended, as unprepared
+                    pass
+
         try:
             if len(groups) == 1:
                 run = run_group(groups[0])
             else:  # each group in workers of its own, side by side: the exercise takes as long as the longest
-                with concurrent.futures.ThreadPoolExecutor(len(groups), thread_name_prefix="part") as pool:
-                    run = supervise.Run.merged(list(pool.map(run_group, groups)))
+                run = supervise.Run.merged(_side_by_side(groups, run_group, prepare_timer))
             if run.to_time:  # every process of the student's has ended: one trusted timer times every part
                 timing = time.monotonic()
                 _time_speed(exercise, settings, run.to_time, scratch=scratch, arbiter=arbiter, timer=timer)
@@ -101,7 +110,9 @@ def grade_exercise(exercise: Exercise, root: Path, *, settings: RunSettings, scr
                 timer.close()
         result.counts.update({"references computed": refs.computed, "references reused": refs.reused,
                               "worker groups": len(groups)})
-        result.profile["longest worker group"] = max(walls, default=0.0)
+        result.profile["longest worker group"] = max(walls.values(), default=0.0)
+        if len(walls) > 1:
+            result.profile.update({f"worker group {name}": wall for name, wall in walls.items()})
         result.log = "\n".join(run.logs)
         result.problems = run.problems
         result.profile.update(run.profile)
@@ -136,6 +147,30 @@ def _groups(items: list, settings: RunSettings) -> list[list]:
     return list(groups.values())
 
 
+def _side_by_side(groups: list[list], run_group: Callable[[list], supervise.Run],
+                  speed_recorded: Callable[[list[supervise.Run]], None]) -> list[supervise.Run]:
+    """Each group in workers of its own, at once; their runs, in the groups' order. ``speed_recorded`` gets the runs
+    of the groups that measure speed as soon as they have all ended, while other groups may still run (the trusted
+    timer prepares the replays meanwhile)."""
+    with concurrent.futures.ThreadPoolExecutor(len(groups), thread_name_prefix="part") as pool:
+        futures = [pool.submit(run_group, group) for group in groups]
+        measuring = [f for f, group in zip(futures, groups) if any(item.kind == "speed" for item in group)]
+        waiting = set(measuring)
+        for future in concurrent.futures.as_completed(futures):
+            if future in waiting:
+                waiting.discard(future)
+                if not waiting and all(f.exception() is None for f in measuring):
+                    speed_recorded([f.result() for f in measuring])
+        return [f.result() for f in futures]
+
+
+def _group_name(group: list) -> str:
+    """A worker group as ``--profile`` names it: its parts, and "speed" for a part's speed measurement apart."""
+    parts = dict.fromkeys(item.part.name for item in group)
+    speed_only = all(item.role == "speed" for item in group)
+    return " + ".join(parts) + (" speed" if speed_only else "")
+
+
 def _timer_ahead(settings: RunSettings, scratch: Path, arbiter) -> timer_process.Timer | None:
     """The exercise's trusted timer, started now to be ready when the workers end (None where it could not start:
     the timing starts one then, and says why if it fails again)."""
@@ -150,12 +185,16 @@ def _time_speed(exercise, settings: RunSettings, to_time: list, *, scratch: Path
     """The speed items' recorded launches, timed by the trusted timer (:mod:`.timer_process`; ``timer``: one
     started ahead); a failure of the grader's side leaves the part's ``timer_fault`` (its speed waits for a
     regrade)."""
-    parts = [timer_process.PartTiming(item.part.name, reply.measurement, item.budget_s) for item, _, reply in to_time]
+    parts = _part_timings(to_time)
     try:
         timer_process.time_parts(settings, exercise.name, parts, scratch=scratch, arbiter=arbiter, timer=timer)
     except Exception as exc:  # a bug of the grader's side: every part's speed waits for a regrade
         for entry in parts:
             entry.measurement.timer_fault = entry.measurement.timer_fault or f"{type(exc).__name__}: {exc}"
+
+
+def _part_timings(to_time: list) -> list[timer_process.PartTiming]:
+    return [timer_process.PartTiming(item.part.name, reply.measurement, item.budget_s) for item, _, reply in to_time]
 
 
 def _unmeasured(part, settings: RunSettings) -> SpeedResult:

@@ -1,9 +1,12 @@
 """Running the trusted timer (:mod:`grader.speed.timer`) for one student's exercise.
 
-The worker recorded a :class:`~grader.speed.plan.LaunchPlan` per benchmark of each speed-graded part and has
-ended (with every process it started) before the timer gets its jobs: nothing of the student's runs beside it.
-One timer times every part of the exercise. It is started with the exercise's workers (:class:`Timer`), so that
-its start-up overlaps theirs, and waits for its jobs file. It runs in a sandbox of its own
+The worker recorded a :class:`~grader.speed.plan.LaunchPlan` per benchmark of each speed-graded part. One timer
+times every part of the exercise. It is started with the exercise's workers (:class:`Timer`), so that its
+start-up overlaps theirs, and waits for its jobs file. It gets its jobs as soon as every speed measurement is
+recorded (:meth:`Timer.prepare`): it loads and validates the replays while the student's other workers may still
+run their correctness checks; it is told to time them (:data:`~grader.speed.timer.GO`) only once every worker of
+the student's has ended, with every process it started: nothing of the student's runs beside the timed rounds.
+It runs in a sandbox of its own
 (:mod:`grader.grading.isolation.bwrap`) that shows it the grader package, a fresh scratch folder and the batch's
 timer cache (:data:`TIMER_CACHE`), never the submission, the student's Triton cache or the output folder; it gets
 its jobs as a file in that scratch and leaves a result per part there.
@@ -23,6 +26,7 @@ import json
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +37,7 @@ from grader.grading.isolation import bwrap, processes
 from grader.grading.isolation.gpu_arbiter import GpuArbiter
 from grader.speed.measure import BenchmarkTiming, SpeedMeasurement
 from grader.speed.plan import LaunchPlan
-from grader.speed.timer import PROGRESS, TimerJob, TimerResult, job_result
+from grader.speed.timer import GO, PREPARED, PROGRESS, TimerJob, TimerResult, job_result
 
 SETUP_S = 120.0  # start-up, loading the kernels, building launchers, validation replays
 # The timers' own Triton cache (the C launchers Triton builds for each kernel signature, its CUDA utilities), in
@@ -70,14 +74,42 @@ def time_measurement(settings: RunSettings, exercise: str, part: str, measuremen
     return measurement
 
 
+def prepare_parts(exercise: str, parts: list[PartTiming], timer: Timer) -> None:
+    """Hand ``timer`` the jobs of ``parts`` to load and validate now, sharing the GPU, while the student's other
+    workers may still run; :func:`time_parts` with the same parts and timer then has them timed."""
+    timer.prepare([job for _, job in _jobs(exercise, parts, complete=False)])
+
+
 def time_parts(settings: RunSettings, exercise: str, parts: list[PartTiming], *, scratch: Path,
                arbiter: GpuArbiter | None = None, timer: Timer | None = None) -> None:
-    """Time every part of ``parts`` (one timer for all: ``timer`` where one was started ahead; a new one for parts
-    after a crash); each measurement gets a row per benchmark, or its ``timer_fault``."""
+    """Time every part of ``parts`` (one timer for all: ``timer`` where one was started ahead, and given these
+    parts to prepare if it was; a new one for parts after a crash); each measurement gets a row per benchmark, or
+    its ``timer_fault``."""
+    jobs = _jobs(exercise, parts, complete=True)
+    while jobs:
+        try:
+            results = _run(settings, [job for _, job in jobs], scratch=scratch, arbiter=arbiter, timer=timer)
+        except TimerFault as exc:  # the first part's timer never replayed anything: the grader's fault
+            jobs[0][0].measurement.timer_fault = str(exc)
+            jobs = jobs[1:]
+            continue
+        remaining = []
+        for (entry, job), result in zip(jobs, results):
+            if result is None:  # not reached, or prepared but not timed before a crash: a new timer times it
+                remaining.append((entry, job))
+            else:
+                _complete(entry.measurement, result)
+        jobs = remaining
+
+
+def _jobs(exercise: str, parts: list[PartTiming], *, complete: bool) -> list[tuple[PartTiming, TimerJob]]:
+    """A timer job per part that has plans to time and no failed benchmark; with ``complete``, the other parts'
+    measurements get their final rows (the failures, and the recordings that cannot be replayed) now."""
     jobs: list[tuple[PartTiming, TimerJob]] = []
     for entry in parts:
         m = entry.measurement
-        m.timer_fault = None
+        if complete:
+            m.timer_fault = None
         plans = {label: p for label, p in m.plans.items() if isinstance(p, LaunchPlan)}
         rows: dict[str, BenchmarkTiming] = {}
         for row in m.benchmarks:
@@ -89,19 +121,9 @@ def time_parts(settings: RunSettings, exercise: str, parts: list[PartTiming], *,
                                                   error=f"not measurable: {recorded}")
         if plans and not any(r.error for r in rows.values()):
             jobs.append((entry, TimerJob(exercise, entry.part, entry.budget_s, plans)))
-        else:
+        elif complete:
             m.benchmarks = [rows[r.label] for r in m.benchmarks if r.label in rows]
-    while jobs:
-        try:
-            results = _run(settings, [job for _, job in jobs], scratch=scratch, arbiter=arbiter, timer=timer)
-        except TimerFault as exc:  # the first part's timer never replayed anything: the grader's fault
-            jobs[0][0].measurement.timer_fault = str(exc)
-            jobs = jobs[1:]
-            continue
-        for (entry, _), result in zip(jobs, results):
-            if result is not None:
-                _complete(entry.measurement, result)
-        jobs = jobs[len([r for r in results if r is not None]):]
+    return jobs
 
 
 def _complete(m: SpeedMeasurement, result: TimerResult | TimerFault) -> None:
@@ -129,6 +151,9 @@ class Timer:
         self.gate = arbiter.connect(f"the timer of {scratch.name}", role="timer") if arbiter is not None else None
         self.process: processes.Process | None = None
         self.used = False
+        self.prepared: str | None = None  # the jobs handed to prepare, as written
+        self._running = threading.Event()  # told to time what it prepared: its preparation is no longer watched
+        self._watch: threading.Thread | None = None
         try:
             self.process = self._start(settings)
         except BaseException:
@@ -159,16 +184,50 @@ class Timer:
             if gate is not None:
                 gate.started()
 
+    def prepare(self, jobs: list[TimerJob]) -> None:
+        """Hand the timer ``jobs`` to load and validate now; it times them only when :meth:`run` (with the same
+        jobs) tells it to."""
+        assert self.process is not None and not self.used and self.prepared is None, "a timer runs one set of jobs"
+        text = _jobs_text(jobs)
+        self._write(JOBS, json.dumps({"jobs": json.loads(text), "wait_for_go": True}))
+        self.prepared = text
+        self._watch = threading.Thread(target=self._watch_preparation, args=(_limit(jobs),),
+                                       name="timer-preparation", daemon=True)
+        self._watch.start()
+
+    def _watch_preparation(self, limit: float) -> None:
+        """Stop the timer if loading and validating the replays it prepares outlasts ``limit`` (a replayed kernel
+        that hangs: until the student's last worker ends, nobody else waits for this timer), not counting the time
+        it waits for the GPU; done once it has prepared them all (:data:`~grader.speed.timer.PREPARED`)."""
+        assert self.process is not None
+        started = time.monotonic()
+        waited = self.gate.waiting_now() if self.gate is not None else 0.0
+        while not self._running.is_set() and not (self.work / PREPARED).exists():
+            if self.process.wait(0.2):
+                return
+            if time.monotonic() - started > limit + (self.gate.waiting_now() - waited if self.gate else 0.0):
+                self.process.stop(timed_out=True)  # its progress says whose kernels hung
+                return
+
+    def can_run(self, jobs: list[TimerJob]) -> bool:
+        """Whether :meth:`run` may hand this timer ``jobs``: not used yet, and given these jobs to prepare if any."""
+        return not self.used and (self.prepared is None or self.prepared == _jobs_text(jobs))
+
     def run(self, jobs: list[TimerJob]) -> list[TimerResult | TimerFault | None]:
-        """Hand the timer ``jobs`` and wait for it: a result per job, a :class:`TimerResult` of failed rows for the
-        job it was replaying when it crashed or hung, None for the jobs it did not reach. Raises
-        :class:`TimerFault` where it ended before replaying anything. A timer runs one set of jobs."""
-        assert self.process is not None and not self.used, "a timer runs one set of jobs"
+        """Hand the timer ``jobs`` (or tell it to time those it prepared) and wait for it: a result per job, a
+        :class:`TimerResult` of failed rows for the job whose kernels ran when it crashed or hung, None for the jobs
+        it did not reach or did not time. Raises :class:`TimerFault` where it ended before replaying anything. A
+        timer runs one set of jobs."""
+        assert self.process is not None and self.can_run(jobs), "a timer runs one set of jobs"
         self.used = True
-        tmp = self.work / f"{JOBS}.tmp"
-        tmp.write_text(json.dumps({"jobs": [job.to_dict() for job in jobs]}))
-        tmp.replace(self.work / JOBS)  # whole, at once: the timer starts on it as soon as it appears
-        limit = sum(job.budget_s for job in jobs) + SETUP_S
+        if self.prepared is None:
+            self._write(JOBS, json.dumps({"jobs": json.loads(_jobs_text(jobs))}))
+        else:
+            self._running.set()
+            if self._watch is not None:
+                self._watch.join()  # it may be stopping a timer whose preparation overran
+            self._write(GO, "")
+        limit = _limit(jobs)
         started = time.monotonic()
         waited = self.gate.waiting_now() if self.gate is not None else 0.0
         while not (exited := self.process.wait(0.5)):
@@ -177,8 +236,14 @@ class Timer:
         outcome = self.process.stop(timed_out=not exited)
         return _results(jobs, self.work, outcome, limit)
 
+    def _write(self, name: str, text: str) -> None:
+        tmp = self.work / f"{name}.tmp"
+        tmp.write_text(text)
+        tmp.replace(self.work / name)  # whole, at once: the timer starts on it as soon as it appears
+
     def close(self) -> None:
         """Stop the process (if it still runs: never given its jobs, say) and remove its folder."""
+        self._running.set()
         try:
             if self.process is not None and self.process.alive():
                 self.process.stop()
@@ -192,13 +257,23 @@ def _run(settings: RunSettings, jobs: list[TimerJob], *, scratch: Path, arbiter:
          timer: Timer | None = None) -> list[TimerResult | TimerFault | None]:
     """One timer for ``jobs`` (``timer`` where one was started ahead and not used yet; it stays the caller's to
     close), see :meth:`Timer.run`."""
-    if timer is not None and not timer.used:
+    if timer is not None and timer.can_run(jobs):
         return timer.run(jobs)
     fresh = Timer(settings, scratch=scratch, arbiter=arbiter)
     try:
         return fresh.run(jobs)
     finally:
         fresh.close()
+
+
+def _limit(jobs: list[TimerJob]) -> float:
+    """How long a timer may work on ``jobs`` (its preparation, then again its timing), not counting its waits for
+    the GPU."""
+    return sum(job.budget_s for job in jobs) + SETUP_S
+
+
+def _jobs_text(jobs: list[TimerJob]) -> str:
+    return json.dumps([job.to_dict() for job in jobs])
 
 
 def _results(jobs: list[TimerJob], work: Path, outcome: processes.Outcome, limit: float
@@ -218,22 +293,25 @@ def _results(jobs: list[TimerJob], work: Path, outcome: processes.Outcome, limit
         results.append(result)
     if len(results) == len(jobs):
         return results
+    # Which job's kernels ran last: the timer prepares every job before it times the first, so a crash may belong
+    # to a job after the first without a result (the jobs before it, prepared but not timed, get a new timer).
     progress = work / PROGRESS
     started = [line.split(" ", 1) for line in progress.read_text().splitlines()] if progress.is_file() else []
-    started = [entry for entry in started if len(entry) == 2 and entry[0] == str(len(results))]
-    if not started:
+    started = [entry for entry in started if len(entry) == 2 and entry[0].isdigit() and int(entry[0]) < len(jobs)]
+    running = int(started[-1][0]) if started else -1
+    untimed: list[TimerResult | TimerFault | None] = [None] * (len(jobs) - len(results))
+    if running < len(results):
         if not results:  # nothing of the student's ran: the timer itself is broken
             raise TimerFault(f"the timer ended before replaying anything (exit {outcome.returncode}):\n"
                              f"{outcome.stderr.text()[-2000:]}")
-        results.append(TimerFault(f"the timer ended between two parts (exit {outcome.returncode})"))
+        untimed[0] = TimerFault(f"the timer ended between two parts (exit {outcome.returncode})")
     else:
         why = (f"did not finish within {limit:g} s" if outcome.timed_out else
                f"crashed the timer ({outcome.signal_name or f'exit code {outcome.returncode}'})")
-        job = jobs[len(results)]
-        label = next((b for b in job.plans if b.replace(" ", "_") == started[-1][1]), started[-1][1])
-        results.append(TimerResult("", [BenchmarkTiming(label, error=f"the replayed kernels {why} while timing "
-                                                               f"{label}").to_dict()]))
-    return results + [None] * (len(jobs) - len(results))
+        label = next((b for b in jobs[running].plans if b.replace(" ", "_") == started[-1][1]), started[-1][1])
+        untimed[running - len(results)] = TimerResult("", [BenchmarkTiming(
+            label, error=f"the replayed kernels {why} while timing {label}").to_dict()])
+    return results + untimed
 
 
 def _lib(settings: RunSettings, work: Path) -> str:
