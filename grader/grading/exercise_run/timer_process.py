@@ -151,7 +151,7 @@ class Timer:
         self.gate = arbiter.connect(f"the timer of {scratch.name}", role="timer") if arbiter is not None else None
         self.process: processes.Process | None = None
         self.used = False
-        self.prepared: str | None = None  # the jobs handed to prepare, as written
+        self.prepared: list[TimerJob] | None = None  # the jobs handed to prepare
         self._running = threading.Event()  # told to time what it prepared: its preparation is no longer watched
         self._watch: threading.Thread | None = None
         try:
@@ -188,9 +188,8 @@ class Timer:
         """Hand the timer ``jobs`` to load and validate now; it times them only when :meth:`run` (with the same
         jobs) tells it to."""
         assert self.process is not None and not self.used and self.prepared is None, "a timer runs one set of jobs"
-        text = _jobs_text(jobs)
-        self._write(JOBS, json.dumps({"jobs": json.loads(text), "wait_for_go": True}))
-        self.prepared = text
+        self._write(JOBS, json.dumps({"jobs": [job.to_dict() for job in jobs], "wait_for_go": True}))
+        self.prepared = list(jobs)
         self._watch = threading.Thread(target=self._watch_preparation, args=(_limit(jobs),),
                                        name="timer-preparation", daemon=True)
         self._watch.start()
@@ -211,7 +210,7 @@ class Timer:
 
     def can_run(self, jobs: list[TimerJob]) -> bool:
         """Whether :meth:`run` may hand this timer ``jobs``: not used yet, and given these jobs to prepare if any."""
-        return not self.used and (self.prepared is None or self.prepared == _jobs_text(jobs))
+        return not self.used and (self.prepared is None or self.prepared == jobs)
 
     def run(self, jobs: list[TimerJob]) -> list[TimerResult | TimerFault | None]:
         """Hand the timer ``jobs`` (or tell it to time those it prepared) and wait for it: a result per job, a
@@ -221,7 +220,7 @@ class Timer:
         assert self.process is not None and self.can_run(jobs), "a timer runs one set of jobs"
         self.used = True
         if self.prepared is None:
-            self._write(JOBS, json.dumps({"jobs": json.loads(_jobs_text(jobs))}))
+            self._write(JOBS, json.dumps({"jobs": [job.to_dict() for job in jobs]}))
         else:
             self._running.set()
             if self._watch is not None:
@@ -270,10 +269,6 @@ def _limit(jobs: list[TimerJob]) -> float:
     """How long a timer may work on ``jobs`` (its preparation, then again its timing), not counting its waits for
     the GPU."""
     return sum(job.budget_s for job in jobs) + SETUP_S
-
-
-def _jobs_text(jobs: list[TimerJob]) -> str:
-    return json.dumps([job.to_dict() for job in jobs])
 
 
 def _results(jobs: list[TimerJob], work: Path, outcome: processes.Outcome, limit: float
