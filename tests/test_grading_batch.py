@@ -226,6 +226,9 @@ def test_the_profile_says_where_the_time_and_the_cpu_went(tmp_path, capsys):
     assert rest > 1.0  # the worker imports torch and triton: well over a second of CPU
     assert own >= 0 and own + rest == pytest.approx(host, abs=0.15)
     assert re.search(r"profile solutions gelu: .*longest worker group [0-9.]+ s", err)
+    # the grader's own process: its CPU by kind of thread, and how long its threads queue for its interpreter
+    assert "the grader's own CPU by thread: " in err
+    assert re.search(r"ran Python again [0-9.]+ ms late \(median\)", err)
     state = json.loads((tmp_path / "out" / "students" / "solutions" / "state" / "gelu.json").read_text())
     assert state["profile"]["longest worker group"] > 0 and state["counts"]["worker groups"] == 1
     # the worker's wait for the grader between its reply and the next request: some, and part of the group's time

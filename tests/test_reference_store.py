@@ -15,6 +15,7 @@ from grader import exercises
 from grader.checks.spec import Case
 from grader.grading import config
 from grader.grading.commands import grade as grade_cmd
+from grader.grading.exercise_run import references
 from grader.grading.exercise_run.references import CaseReferences, ReferenceStore
 from grader.grading.results import store
 
@@ -142,4 +143,10 @@ def test_runs_that_need_a_case_at_once_compute_it_once(tmp_path):
     assert len(calls) == 1
     assert sum(r.computed for r in runs) == 1 and sum(r.reused for r in runs) == 7
     assert all(torch.equal(r["y"], results[0]["y"]) for r in results)
+    # --profile: the run that computed spent its time computing, the seven others theirs waiting for it
+    computing = next(r for r in runs if r.computed)
+    assert computing.seconds[references.COMPUTING] >= 0.3 and computing.seconds[references.WAITING] == 0
+    for r in runs:
+        if r is not computing:
+            assert r.seconds[references.WAITING] >= 0.2 and r.seconds[references.COMPUTING] == 0, r.seconds
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from grader.checks.spec import Exercise
 from grader.grading import config
-from grader.grading.batch import gpus, markers, profiling, resume, slurm, submission
+from grader.grading.batch import gpus, grader_load, markers, profiling, resume, slurm, submission
 from grader.grading.batch.context import Context, UsageError, Workspace, choose_sandbox, make_context
 from grader.grading.batch.progress import Progress
 from grader.grading.batch.recorder import Recorder
@@ -30,7 +30,7 @@ from grader.grading.batch.scheduler import Scheduler, Task, estimate, static_est
 from grader.grading.config import RunSettings
 from grader.grading.exercise_run import runner
 from grader.grading.exercise_run.slots import Slot
-from grader.grading.isolation import processes, reaper
+from grader.grading.isolation import processes, reaper, threads
 from grader.grading.results import rebuild, reports, store, terminal
 from grader.grading.results.results import ERROR, UNREADABLE, ExerciseResult
 
@@ -330,13 +330,15 @@ def run_local(ctx: Context, tasks: list[Task], work: Workspace, options: config.
                         gradebook=gradebook, progress=progress, profile=options.profile,
                         sandbox=run.get("sandbox", ctx.sandbox_note))
     cpu_before, own_before = profiling.host_cpu(), profiling.own_cpu()
+    load = grader_load.GraderLoad().start() if options.profile else None
     # room for more runs than the batch has (one submission, say): each speed measurement in a worker of its own
     settings = replace(ctx.settings, speed_apart=ctx.device == "cuda" and len(tasks) < sum(s.capacity for s in slots))
     scheduler = Scheduler(slots, lambda task, slot: _grade_task(ctx, work, recorder, task, slot, settings),
                           recorder.commit,
                           probe=gpus.probe_slot, on_failure=recorder.gpu_failure)
     try:
-        outcome = scheduler.run(tasks)
+        with threads.judging(min(len(tasks), sum(s.capacity for s in slots))):
+            outcome = scheduler.run(tasks)
     except KeyboardInterrupt:
         scheduler.stop()  # first: nothing a killed worker returns is recorded
         processes.kill_active()
@@ -344,9 +346,11 @@ def run_local(ctx: Context, tasks: list[Task], work: Workspace, options: config.
     finally:
         progress.stop()
         recorder.close()
+        if load is not None:
+            load.stop()
     if options.profile:
         profiling.report(progress, slots, submissions=len({t.student for t in tasks}), cpu_before=cpu_before,
-                         own_before=own_before)
+                         own_before=own_before, load=load)
     if outcome.left:
         print(f"grader grade: every slot failed ({'; '.join(s.failed or '' for s in slots)}); "
               f"{len(outcome.left)} exercise run(s) left ungraded", file=sys.stderr)

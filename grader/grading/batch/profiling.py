@@ -7,6 +7,7 @@ import os
 import resource
 import time
 
+from grader.grading.batch.grader_load import GraderLoad
 from grader.grading.batch.progress import Progress
 from grader.grading.exercise_run import gpu_references
 from grader.grading.exercise_run.slots import Slot
@@ -30,9 +31,11 @@ def own_cpu() -> float:
 
 
 def report(progress: Progress, slots: list[Slot], *, submissions: int,
-           cpu_before: tuple[float, float] | None = None, own_before: float | None = None) -> None:
+           cpu_before: tuple[float, float] | None = None, own_before: float | None = None,
+           load: GraderLoad | None = None) -> None:
     """``grader grade --profile``: the batch's wall time, submissions per hour, and how long each GPU was held alone
-    (autotuning, recording and timed rounds) — the part of the work that cannot overlap."""
+    (autotuning, recording and timed rounds) — the part of the work that cannot overlap; ``load``: what the grader's
+    own process was busy with, and how crowded its interpreter was."""
     wall = time.monotonic() - progress.started
     lines = [f"batch profile: {submissions} submission(s), {progress.done} exercise run(s) in {wall:.1f} s wall"
              + (f" ({submissions * 3600 / wall:.0f} submissions per hour)" if wall > 0 and submissions else "")]
@@ -48,6 +51,8 @@ def report(progress: Progress, slots: list[Slot], *, submissions: int,
                          f"(planning, building inputs, judging, float64 references), the rest "
                          f"{max(0.0, host_s - own):.1f} s (its workers and trusted timers: sandboxes, imports, "
                          "compiling, the student's code, replays; and whatever else the host ran)")
+    if load is not None and own_before is not None:
+        lines.append(load.text(own_cpu() - own_before))
     for slot in slots:
         if slot.is_gpu:
             arbiter = slot.arbiter

@@ -25,6 +25,7 @@ import os
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,10 @@ from grader.checks.spec import Case, Inputs, Part
 MAC_BYTES = 32
 
 Compute = Callable[[Part, Inputs], dict[str, Any]]  # how a reference is computed: on the CPU, or a GPU's
+# where a run's time with the store went (grader grade --profile); waiting: for a record another run computes now, and
+# loading it then
+LOADING, COMPUTING, WAITING = ("references: loading stored ones", "references: computing",
+                               "references: waiting for another run's")
 
 
 def _on_cpu(part: Part, inputs: Inputs) -> dict[str, Any]:
@@ -180,6 +185,8 @@ class CaseReferences:
     def __init__(self, store: ReferenceStore, exercise: str, *, compute: Compute | None = None):
         self.store, self.exercise, self.compute = store, exercise, compute
         self.computed = self.reused = 0  # this run's, for grader grade --profile
+        # seconds spent loading stored records, computing references, waiting for another run's (--profile)
+        self.seconds = {LOADING: 0.0, COMPUTING: 0.0, WAITING: 0.0}
         self._loaded: dict[tuple[str, str], dict[str, torch.Tensor]] = {}
         self._lock = threading.Lock()
 
@@ -188,7 +195,9 @@ class CaseReferences:
         return part.name, json.dumps(case.to_dict(), sort_keys=True, default=str)
 
     def inputs(self, part: Part, case: Case) -> Inputs:
+        start = time.monotonic()
         found = self.store.load(self.exercise, part, case)
+        self._spent(LOADING, start)
         if found is None:
             return part.make_inputs(case)
         inputs, expected = found
@@ -202,13 +211,19 @@ class CaseReferences:
             expected = self._loaded.get(self._key(part, case))
         if expected is not None:
             return expected
+        start = time.monotonic()
         expected, computed = self.store.reference(self.exercise, part, case, inputs, compute=self.compute)
+        self._spent(COMPUTING if computed else WAITING, start)
         with self._lock:
             if computed:
                 self.computed += 1
             else:
                 self.reused += 1
         return expected
+
+    def _spent(self, what: str, since: float) -> None:
+        with self._lock:
+            self.seconds[what] += time.monotonic() - since
 
 
 def local(secret: str = "") -> ReferenceStore:

@@ -117,6 +117,7 @@ def grade_exercise(exercise: Exercise, root: Path, *, settings: RunSettings, scr
         result.problems = run.problems
         result.profile.update(run.profile)
         result.profile.update(judge.profile)
+        result.profile.update(refs.seconds)
         result.parts = [p for p in judge.part_results(items, run) if p.name in {s.name for s in selected}]
     except Exception as exc:  # a fault of the grader: the exercise is regraded, never charged to the student
         result.status = NEEDS_REGRADE

@@ -118,8 +118,8 @@ class Worker:
             self.gate.started()
         self._replies: queue.Queue = queue.Queue()
         self._writes: queue.Queue = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-        threading.Thread(target=self._write, daemon=True).start()
+        threading.Thread(target=self._read, name="worker replies", daemon=True).start()
+        threading.Thread(target=self._write, name="worker requests", daemon=True).start()
         self.outcome: processes.Outcome | None = None
         self.replied_at: float | None = None  # when its last message came: from then on it waits for the grader
 

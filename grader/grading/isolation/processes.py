@@ -32,7 +32,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from grader.grading.isolation import proctree, reaper
+from grader.grading.isolation import proctree, reaper, threads
 
 POLL_S = 0.1
 # The memory watch looks again before a process growing this fast could have filled the room left below its limit
@@ -92,7 +92,7 @@ class _Reader(threading.Thread):
     """Drain a pipe, keeping the first ``cap`` bytes."""
 
     def __init__(self, stream, cap: int):
-        super().__init__(daemon=True)
+        super().__init__(name="output reader", daemon=True)
         self.stream, self.cap = stream, cap
         self.chunks: list[bytes] = []
         self.kept = 0
@@ -114,11 +114,12 @@ class _Reader(threading.Thread):
 
 
 def minimal_env(extra: dict[str, str], home: str) -> dict[str, str]:
-    """PATH, locale, the device/CUDA/Triton variables the run needs; HOME and TMPDIR point at ``home``."""
+    """PATH, locale, the device/CUDA/Triton variables the run needs; HOME and TMPDIR point at ``home``; one CPU
+    thread (:mod:`~grader.grading.isolation.threads`)."""
     keep = ("PATH", "LANG", "LC_ALL", "LD_LIBRARY_PATH", "TRITON_INTERPRET", "GRADER_DEVICE")
     env = {k: v for k, v in os.environ.items() if k in keep or k.startswith(("CUDA_", "NVIDIA_"))}
     env.update(HOME=home, TMPDIR=home, TRITON_CACHE_DIR=os.path.join(home, ".triton"), PYTHONUNBUFFERED="1",
-               PYTHONDONTWRITEBYTECODE="1", MPLCONFIGDIR=os.path.join(home, ".mpl"))
+               PYTHONDONTWRITEBYTECODE="1", MPLCONFIGDIR=os.path.join(home, ".mpl"), **threads.child_env())
     env.update(extra)
     return env
 
@@ -150,14 +151,16 @@ class Process:
         for r in self.readers:
             r.start()
         if stdin_data is not None:
-            threading.Thread(target=_feed, args=(self.proc.stdin, stdin_data), daemon=True).start()
+            threading.Thread(target=_feed, args=(self.proc.stdin, stdin_data), name="worker stdin",
+                             daemon=True).start()
         self.memory_exceeded = False
         self.timed_out = False
         self.leftover_killed = 0
         self._killed: set[int] = set()
         self._stopped = threading.Event()
         if rss_limit_bytes is not None:
-            threading.Thread(target=self._watch_memory, args=(rss_limit_bytes,), daemon=True).start()
+            threading.Thread(target=self._watch_memory, args=(rss_limit_bytes,), name="memory watch",
+                             daemon=True).start()
 
     @property
     def pid(self) -> int:
