@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from grader.grading.exercise_run.slots import GIB_PER_RUN, Slot
+from grader.grading.isolation import threads
 
 PROBE_TIMEOUT_S = 60.0
 
@@ -118,7 +119,7 @@ def auto_jobs(gpu: Gpu, *, gpus: int, cores: int | None = None) -> int:
     """Exercise runs to share ``gpu`` when ``--jobs`` is not given: what its memory and this host's cores (shared
     by ``gpus`` GPUs) allow, at most :data:`MAX_JOBS_PER_GPU`. Only timed work holds the GPU alone, so the rest of
     the runs' work (compilation, correctness, judging) overlaps."""
-    cores = cores if cores is not None else len(os.sched_getaffinity(0))
+    cores = cores if cores is not None else threads.available_cores()
     by_cores = cores // (CORES_PER_JOB * max(1, gpus))
     by_memory = gpu.memory_bytes // (GIB_PER_RUN << 30) if gpu.memory_bytes else MAX_JOBS_PER_GPU
     return int(max(1, min(MAX_JOBS_PER_GPU, by_cores, by_memory)))

@@ -121,7 +121,7 @@ class GraderLoad:
         parts = [f"{kind} {s:.1f} s" for kind, s in by_kind if s >= 0.05]
         missed = own_cpu_s - seen
         if missed >= 0.05:
-            parts.append(f"not attributed {missed:.1f} s (threads' last 0.2 s)")
+            parts.append(f"not attributed {missed:.1f} s (threads' last {SAMPLE_S:g} s)")
         lags = self.lags()
         ms = [1000 * percentile(lags, q) for q in (0.5, 0.95)] + [1000 * (lags[-1] if lags else 0.0)]
         return (f"  the grader's own CPU by thread: {', '.join(parts) or 'none'}\n"

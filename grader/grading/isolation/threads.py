@@ -4,8 +4,8 @@ PyTorch's CPU thread pool (OpenMP) defaults to one thread per core, in every pro
 parallel operation gets a pool of its own. A batch runs dozens of processes at once (each exercise run's workers
 and trusted timer) while the grader's process judges every run's replies, each on a thread of its own: left at the
 default, a host of C cores runs about C threads per process and per judging thread, which spin after each parallel
-operation against each other. Measured on a 4-GPU host of 64 cores, the same batch cost 2.3 times the CPU of one GPU
-on 16 cores.
+operation against each other. On a 4-GPU host of 64 cores the same batch cost 2.3 times the host CPU it cost on one
+GPU of a 16-core host; with this cap, its first 40 runs took about 216 s instead of 296 s (docs/performance.md).
 
 * Workers and trusted timers get one thread: they drive a GPU, or the interpreter's small blocks, and the host's
   cores are shared between many of them.
