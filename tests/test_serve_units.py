@@ -187,6 +187,17 @@ def test_tokens_are_stored_as_hashes_only(tmp_path):
         tokens.add_student(database, "../alice")
 
 
+def test_a_token_never_reads_as_a_command_line_option(monkeypatch):
+    """One URL-safe random text in 64 begins with '-': `--token -x...` would then be refused by the command line
+    as a missing value."""
+    from grader import cli
+    monkeypatch.setattr(tokens.secrets, "token_urlsafe", lambda n: "-" + "x" * 42)
+    token = tokens.new_token()
+    assert not token.startswith("-")
+    args = cli._parser().parse_args(["results", "--server", "http://h", "--token", token])
+    assert args.token == token
+
+
 def test_roster_import(tmp_path):
     database = db_mod.Database.in_folder(tmp_path / "d")
     tokens.add_student(database, "alice")

@@ -1,5 +1,6 @@
-"""The roster and its tokens. A token is 32 random bytes (URL-safe text) shown once, when it is made; the database
-keeps its sha256 only, so a copy of the database lets nobody log in. Sessions of the web page work the same way."""
+"""The roster and its tokens. A token is ``gt_`` and 32 random bytes (URL-safe text), shown once, when it is made; the
+database keeps its sha256 only, so a copy of the database lets nobody log in. Sessions of the web page work the same
+way."""
 
 from __future__ import annotations
 
@@ -21,8 +22,11 @@ class RosterError(ValueError):
     """A roster change that cannot be made (told verbatim)."""
 
 
+TOKEN_PREFIX = "gt_"  # never a leading "-", which a command line would read as an option ("--token -x...")
+
+
 def new_token() -> str:
-    return secrets.token_urlsafe(32)
+    return TOKEN_PREFIX + secrets.token_urlsafe(32)
 
 
 def token_hash(token: str) -> str:
