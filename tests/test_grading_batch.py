@@ -225,6 +225,9 @@ def test_the_profile_says_where_the_time_and_the_cpu_went(tmp_path, capsys):
     host, own, rest = (float(x) for x in found.groups())
     assert rest > 1.0  # the worker imports torch and triton: well over a second of CPU
     assert own >= 0 and own + rest == pytest.approx(host, abs=0.15)
+    # the workers' own figure, read per process tree: part of the rest, and most of it
+    workers = float(re.search(r"the workers' and trusted timers' CPU ([0-9.]+) s", err).group(1))
+    assert 1.0 < workers <= rest + 0.3, (workers, rest)
     assert re.search(r"profile solutions gelu: .*longest worker group [0-9.]+ s", err)
     # the grader's own process: its CPU by kind of thread, and how long its threads queue for its interpreter
     assert "the grader's own CPU by thread: " in err

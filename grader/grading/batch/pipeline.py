@@ -350,7 +350,7 @@ def run_local(ctx: Context, tasks: list[Task], work: Workspace, options: config.
             load.stop()
     if options.profile:
         profiling.report(progress, slots, submissions=len({t.student for t in tasks}), cpu_before=cpu_before,
-                         own_before=own_before, load=load)
+                         own_before=own_before, load=load, cpu_by_step=recorder.cpu_by_step)
     if outcome.left:
         print(f"grader grade: every slot failed ({'; '.join(s.failed or '' for s in slots)}); "
               f"{len(outcome.left)} exercise run(s) left ungraded", file=sys.stderr)

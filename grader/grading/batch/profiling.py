@@ -32,10 +32,11 @@ def own_cpu() -> float:
 
 def report(progress: Progress, slots: list[Slot], *, submissions: int,
            cpu_before: tuple[float, float] | None = None, own_before: float | None = None,
-           load: GraderLoad | None = None) -> None:
+           load: GraderLoad | None = None, cpu_by_step: dict[str, float] | None = None) -> None:
     """``grader grade --profile``: the batch's wall time, submissions per hour, and how long each GPU was held alone
     (autotuning, recording and timed rounds) — the part of the work that cannot overlap; ``load``: what the grader's
-    own process was busy with, and how crowded its interpreter was."""
+    own process was busy with, and how crowded its interpreter was; ``cpu_by_step``: the CPU seconds of the runs'
+    workers and timers, per step."""
     wall = time.monotonic() - progress.started
     lines = [f"batch profile: {submissions} submission(s), {progress.done} exercise run(s) in {wall:.1f} s wall"
              + (f" ({submissions * 3600 / wall:.0f} submissions per hour)" if wall > 0 and submissions else "")]
@@ -51,6 +52,8 @@ def report(progress: Progress, slots: list[Slot], *, submissions: int,
                          f"(planning, building inputs, judging, float64 references), the rest "
                          f"{max(0.0, host_s - own):.1f} s (its workers and trusted timers: sandboxes, imports, "
                          "compiling, the student's code, replays; and whatever else the host ran)")
+    if cpu_by_step:
+        lines.append(processes_cpu_text(cpu_by_step, submissions))
     if load is not None and own_before is not None:
         lines.append(load.text(own_cpu() - own_before))
     for slot in slots:
@@ -68,6 +71,15 @@ def report(progress: Progress, slots: list[Slot], *, submissions: int,
                 lines.append(f"    the grader's float64 references: {refs.on_gpu} on this GPU, {refs.on_cpu} on the CPU"
                              + (f" (the CPU took over: {refs.broken})" if refs.broken else ""))
     progress.note("\n".join(lines))
+
+
+def processes_cpu_text(cpu_by_step: dict[str, float], submissions: int) -> str:
+    """The workers' and timers' CPU by step, largest first (read from /proc while they ran: the last moments of a
+    process that ends by itself are not counted)."""
+    total = sum(cpu_by_step.values())
+    per = (lambda s: f" ({s / submissions:.1f} s per submission)") if submissions else (lambda s: "")
+    steps = ", ".join(f"{k} {v:.1f} s{per(v)}" for k, v in sorted(cpu_by_step.items(), key=lambda kv: -kv[1]))
+    return f"  the workers' and trusted timers' CPU {total:.1f} s{per(total)}: {steps}"
 
 
 ROLES = {"worker": "workers", "timer": "trusted timers", "grader": "the grader's references"}

@@ -36,6 +36,7 @@ class Recorder:
         self._reports = {s: rebuild.student_report(out, s, course=course, all_exercises=all_exercises, names=names,
                                                    device=device, sandbox=sandbox) for s in students}
         self._heartbeat = markers.Heartbeat(batch)
+        self.cpu_by_step: dict[str, float] = {}  # the committed runs' workers and timers, summed (--profile)
 
     def started(self, task: Task, slot: Slot) -> None:
         self.progress.start()
@@ -62,6 +63,10 @@ class Recorder:
             steps = ", ".join([f"{k} {v:.1f} s" for k, v in result.profile.items() if k != "total"]
                               + [f"{k} {v}" for k, v in result.counts.items()])
             self.progress.note(f"  profile {task.student} {task.exercise.name}: {steps}")
+            if result.cpu:
+                self.progress.note(f"    CPU of its processes: {cpu_text(result.cpu)}")
+            for step, seconds in result.cpu.items():
+                self.cpu_by_step[step] = self.cpu_by_step.get(step, 0.0) + seconds
 
     def _update(self, student: str, exercise: Exercise, result: ExerciseResult, *, write_student: bool) -> None:
         score = scoring.score_exercise(exercise, result, self.course, self.all_exercises)
@@ -98,3 +103,9 @@ class Recorder:
 
     def close(self) -> None:
         self._heartbeat.close()
+
+
+def cpu_text(cpu: dict[str, float]) -> str:
+    """CPU seconds per step, largest first, with the total."""
+    steps = sorted(cpu.items(), key=lambda kv: -kv[1])
+    return f"{sum(cpu.values()):.1f} s: " + ", ".join(f"{k} {v:.1f} s" for k, v in steps)

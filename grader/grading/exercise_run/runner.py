@@ -34,6 +34,8 @@ from grader.grading.results.results import (
 )
 from grader.speed import credit, workload
 
+TIMER_STEP = "speed: trusted timer"
+
 
 def grade_exercise(exercise: Exercise, root: Path, *, settings: RunSettings, scratch: Path,
                    cache_dir: Path | None = None, parts: tuple[str, ...] | None = None,
@@ -101,13 +103,16 @@ def grade_exercise(exercise: Exercise, root: Path, *, settings: RunSettings, scr
                 run = supervise.Run.merged(_side_by_side(groups, run_group, prepare_timer))
             if run.to_time:  # every process of the student's has ended: one trusted timer times every part
                 timing = time.monotonic()
-                _time_speed(exercise, settings, run.to_time, scratch=scratch, arbiter=arbiter, timer=timer)
-                run.add_time("speed: trusted timer", time.monotonic() - timing)
+                cpu = _time_speed(exercise, settings, run.to_time, scratch=scratch, arbiter=arbiter, timer=timer)
+                run.add_time(TIMER_STEP, time.monotonic() - timing)
+                run.add_cpu(TIMER_STEP, cpu)
                 for item, request, reply in run.to_time:
                     judge.on_reply(item, request, reply)
         finally:
             if timer is not None:
                 timer.close()
+        if timer is not None:
+            run.add_cpu(TIMER_STEP, timer.cpu_s)  # its start-up too, even where it timed nothing
         result.counts.update({"references computed": refs.computed, "references reused": refs.reused,
                               "worker groups": len(groups)})
         result.profile["longest worker group"] = max(walls.values(), default=0.0)
@@ -116,6 +121,7 @@ def grade_exercise(exercise: Exercise, root: Path, *, settings: RunSettings, scr
         result.log = "\n".join(run.logs)
         result.problems = run.problems
         result.profile.update(run.profile)
+        result.cpu = dict(run.cpu)
         result.profile.update(judge.profile)
         result.profile.update(refs.seconds)
         result.parts = [p for p in judge.part_results(items, run) if p.name in {s.name for s in selected}]
@@ -182,16 +188,17 @@ def _timer_ahead(settings: RunSettings, scratch: Path, arbiter) -> timer_process
 
 
 def _time_speed(exercise, settings: RunSettings, to_time: list, *, scratch: Path, arbiter,
-                timer: timer_process.Timer | None = None) -> None:
+                timer: timer_process.Timer | None = None) -> float:
     """The speed items' recorded launches, timed by the trusted timer (:mod:`.timer_process`; ``timer``: one
     started ahead); a failure of the grader's side leaves the part's ``timer_fault`` (its speed waits for a
-    regrade)."""
+    regrade). Returns the CPU seconds of the timers started here (not ``timer``'s)."""
     parts = _part_timings(to_time)
     try:
-        timer_process.time_parts(settings, exercise.name, parts, scratch=scratch, arbiter=arbiter, timer=timer)
+        return timer_process.time_parts(settings, exercise.name, parts, scratch=scratch, arbiter=arbiter, timer=timer)
     except Exception as exc:  # a bug of the grader's side: every part's speed waits for a regrade
         for entry in parts:
             entry.measurement.timer_fault = entry.measurement.timer_fault or f"{type(exc).__name__}: {exc}"
+        return 0.0
 
 
 def _part_timings(to_time: list) -> list[timer_process.PartTiming]:
@@ -230,6 +237,7 @@ def merge_regrade(previous: ExerciseResult, regraded: ExerciseResult) -> Exercis
         log="\n".join(x for x in (previous.log, "--- regrade ---", regraded.log) if x),
         elapsed_s=previous.elapsed_s + regraded.elapsed_s,
         profile={**previous.profile, **{f"regrade: {k}": v for k, v in regraded.profile.items()}},
+        cpu={**previous.cpu, **{f"regrade: {k}": v for k, v in regraded.cpu.items()}},
         device=regraded.device or previous.device,
         message="",
     )

@@ -55,10 +55,14 @@ class Run:
     problems: list[str] = field(default_factory=list)
     logs: list[str] = field(default_factory=list)
     profile: dict[str, float] = field(default_factory=dict)  # seconds per step
+    cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds of the workers per step
     to_time: list[tuple[Item, protocol.RunSpeed, protocol.SpeedDone]] = field(default_factory=list)  # defer_speed
 
     def add_time(self, step: str, seconds: float) -> None:
         self.profile[step] = self.profile.get(step, 0.0) + seconds
+
+    def add_cpu(self, step: str, seconds: float) -> None:
+        self.cpu[step] = self.cpu.get(step, 0.0) + seconds
 
     @classmethod
     def merged(cls, runs: list[Run]) -> Run:
@@ -74,6 +78,8 @@ class Run:
             out.to_time += run.to_time
             for step, seconds in run.profile.items():
                 out.add_time(step, seconds)
+            for step, seconds in run.cpu.items():
+                out.add_cpu(step, seconds)
         return out
 
 
@@ -82,6 +88,7 @@ class WorkerStartError(RuntimeError):
 
 
 IDLE = "worker idle (waiting for the grader's next request)"
+CUT_SHORT = "a request cut short, or the exit"  # CPU after a worker's last reply (a crash, a time-out)
 # What a request has a worker run, in the profile's words.
 DOING = {protocol.RunCase: "a case", protocol.RunBadInput: "a bad input", protocol.RunExtra: "an extra check",
          protocol.WarmUp: "the speed warm-up", protocol.RunSpeed: "the speed recording"}
@@ -200,6 +207,7 @@ class _Supervision:
         self.limit = f"timed out after {settings.timeout_s:g} s (stopped, with every process it started)"
         self.current: Item | None = None  # the item the worker is running
         self.progress = 0  # items the current worker answered
+        self.cpu_mark = 0.0  # the current worker's CPU seconds when its last step ended
 
     def run(self, remaining: list[Item]) -> Run:
         if self.on_reply is not None:
@@ -226,7 +234,7 @@ class _Supervision:
             worker = workers.Worker(settings, self.root, self.scratch, self.cache_dir, self.extra_fields,
                                     self.arbiter)
             self.poisoned.clear()
-            self.current, self.progress = None, 0
+            self.current, self.progress, self.cpu_mark = None, 0, 0.0
             try:
                 self.upcoming = list(remaining)
                 self._prepare_next()  # the first request, built while the worker starts
@@ -239,6 +247,8 @@ class _Supervision:
                 attempt += 1
             finally:
                 worker.stop()
+                if (rest := worker.process.cpu_s() - self.cpu_mark) > 0:
+                    result.add_cpu(CUT_SHORT, rest)
 
     def _start(self, worker: workers.Worker) -> None:
         """Wait for the worker's hello, then have it import the student's module."""
@@ -253,7 +263,7 @@ class _Supervision:
                 raise
             raise WorkerStartError(f"the worker did not start ({ended.why}):\n"
                                    f"{outcome.stderr.text()[-2000:]}") from None
-        result.add_time("worker start", time.monotonic() - started)
+        self._spent(worker, "worker start", started)
         loading, waited = time.monotonic(), worker.waited()
         worker.send(protocol.Job(self.exercise.name, self.seen_root, settings.device, settings.call_timeout_s),
                     doing="importing the module")
@@ -262,7 +272,7 @@ class _Supervision:
         self.deadline += worker.waited() - waited
         if not isinstance(loaded, protocol.Loaded):
             raise workers.Ended("the worker sent a malformed result: expected the loaded message")
-        result.add_time("import the module", time.monotonic() - loading)
+        self._spent(worker, "import the module", loading)
         result.loaded = True
         result.load_errors = dict(loaded.errors)
 
@@ -286,8 +296,7 @@ class _Supervision:
             first_call = item.part.name not in self.first_calls and item.role not in ("bad_input", "speed")
             if item.role != "speed":  # compiles apart, with its warm-up
                 self.first_calls.add(item.part.name)
-            result.add_time("first call of each part (compiles its kernels)" if first_call else _step(item),
-                            time.monotonic() - sent)
+            self._spent(worker, "first call of each part (compiles its kernels)" if first_call else _step(item), sent)
             self.current = None
             result.replies[item.id] = reply
             self.progress += 1
@@ -308,7 +317,7 @@ class _Supervision:
         warmed = self._ask(worker, protocol.WarmUp(item.id, item.part.name), item)
         if not isinstance(warmed, protocol.WarmedUp | protocol.Raised | protocol.NotImplementedYet):
             raise workers.Ended(f"the worker sent a malformed result: {type(warmed).__name__} to a warm-up")
-        self.result.add_time("speed: warm-up (compiles)", time.monotonic() - sent)
+        self._spent(worker, "speed: warm-up (compiles)", sent)
         if self.poisoned:  # the worker exits: the speed measurement is what broke it
             self.current = None
             why = f"the speed warm-up left the CUDA context broken ({self.poisoned.pop()})"
@@ -316,6 +325,13 @@ class _Supervision:
             self._crashed(item)
             raise workers.Ended(f"{describe(item, self.exercise)}: {why}; the checks after it ran in a fresh worker",
                                 broken_context=True)
+
+    def _spent(self, worker: workers.Worker, step: str, since: float) -> None:
+        """``step`` ended now: its wall time since ``since``, and the worker's CPU time since the last step's end."""
+        self.result.add_time(step, time.monotonic() - since)
+        cpu = worker.process.cpu_s()
+        self.result.add_cpu(step, cpu - self.cpu_mark)
+        self.cpu_mark = cpu
 
     def _crashed(self, item: Item) -> None:
         self.crashes[item.part.name] = self.crashes.get(item.part.name, 0) + 1

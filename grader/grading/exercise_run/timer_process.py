@@ -81,14 +81,15 @@ def prepare_parts(exercise: str, parts: list[PartTiming], timer: Timer) -> None:
 
 
 def time_parts(settings: RunSettings, exercise: str, parts: list[PartTiming], *, scratch: Path,
-               arbiter: GpuArbiter | None = None, timer: Timer | None = None) -> None:
+               arbiter: GpuArbiter | None = None, timer: Timer | None = None) -> float:
     """Time every part of ``parts`` (one timer for all: ``timer`` where one was started ahead, and given these
     parts to prepare if it was; a new one for parts after a crash); each measurement gets a row per benchmark, or
-    its ``timer_fault``."""
+    its ``timer_fault``. Returns the CPU seconds of the timers it started (``timer``'s are its own)."""
     jobs = _jobs(exercise, parts, complete=True)
+    cpu = [0.0]
     while jobs:
         try:
-            results = _run(settings, [job for _, job in jobs], scratch=scratch, arbiter=arbiter, timer=timer)
+            results = _run(settings, [job for _, job in jobs], scratch=scratch, arbiter=arbiter, timer=timer, cpu=cpu)
         except TimerFault as exc:  # the first part's timer never replayed anything: the grader's fault
             jobs[0][0].measurement.timer_fault = str(exc)
             jobs = jobs[1:]
@@ -100,6 +101,7 @@ def time_parts(settings: RunSettings, exercise: str, parts: list[PartTiming], *,
             else:
                 _complete(entry.measurement, result)
         jobs = remaining
+    return cpu[0]
 
 
 def _jobs(exercise: str, parts: list[PartTiming], *, complete: bool) -> list[tuple[PartTiming, TimerJob]]:
@@ -235,6 +237,11 @@ class Timer:
         outcome = self.process.stop(timed_out=not exited)
         return _results(jobs, self.work, outcome, limit)
 
+    @property
+    def cpu_s(self) -> float:
+        """CPU seconds the timer's processes used (read while they ran)."""
+        return self.process.cpu_s() if self.process is not None else 0.0
+
     def _write(self, name: str, text: str) -> None:
         tmp = self.work / f"{name}.tmp"
         tmp.write_text(text)
@@ -253,9 +260,9 @@ class Timer:
 
 
 def _run(settings: RunSettings, jobs: list[TimerJob], *, scratch: Path, arbiter: GpuArbiter | None,
-         timer: Timer | None = None) -> list[TimerResult | TimerFault | None]:
+         timer: Timer | None = None, cpu: list[float]) -> list[TimerResult | TimerFault | None]:
     """One timer for ``jobs`` (``timer`` where one was started ahead and not used yet; it stays the caller's to
-    close), see :meth:`Timer.run`."""
+    close), see :meth:`Timer.run`; a new timer's CPU seconds are added to ``cpu[0]``."""
     if timer is not None and timer.can_run(jobs):
         return timer.run(jobs)
     fresh = Timer(settings, scratch=scratch, arbiter=arbiter)
@@ -263,6 +270,7 @@ def _run(settings: RunSettings, jobs: list[TimerJob], *, scratch: Path, arbiter:
         return fresh.run(jobs)
     finally:
         fresh.close()
+        cpu[0] += fresh.cpu_s
 
 
 def _limit(jobs: list[TimerJob]) -> float:

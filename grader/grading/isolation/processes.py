@@ -154,6 +154,7 @@ class Process:
             threading.Thread(target=_feed, args=(self.proc.stdin, stdin_data), name="worker stdin",
                              daemon=True).start()
         self.memory_exceeded = False
+        self._cpu_seen = 0.0
         self.timed_out = False
         self.leftover_killed = 0
         self._killed: set[int] = set()
@@ -165,6 +166,13 @@ class Process:
     @property
     def pid(self) -> int:
         return self.proc.pid
+
+    def cpu_s(self) -> float:
+        """CPU seconds the process and everything under it have used so far (the sandbox, the command, the
+        compilers it ran). Once it has ended: the last figure read while it ran (its exit is not counted)."""
+        if self.proc.poll() is None:
+            self._cpu_seen = max(self._cpu_seen, proctree.cpu_seconds(proctree.descendants(self.proc.pid)))
+        return self._cpu_seen
 
     def _watch_memory(self, limit: int) -> None:
         wait = POLL_S
@@ -254,6 +262,7 @@ class Process:
         about ``WAIT_S + DRAIN_S`` seconds whatever the processes do."""
         self.timed_out = self.timed_out or timed_out
         self._stopped.set()
+        self.cpu_s()  # the last figure, before the kill
         self.kill_leftovers()
         self.kill()
         exited = self.wait(WAIT_S)

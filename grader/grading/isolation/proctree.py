@@ -1,5 +1,5 @@
 """Where a worker's processes are, read from Linux's /proc: its process group, everything below it, the members
-of its PID namespace, and how much memory they hold. :mod:`.processes` watches and kills with these."""
+of its PID namespace, and how much memory and CPU time they hold. :mod:`.processes` watches and kills with these."""
 
 from __future__ import annotations
 
@@ -96,3 +96,21 @@ def rss(pids: list[int]) -> int:
         except (OSError, IndexError, ValueError):
             continue
     return total
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """CPU seconds (user + system) ``pids`` have used, with those of the children each has waited for (a compiler
+    run by the student's process, say): summed over a whole live tree, every process of it counts once."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                stat = f.read()
+            fields = stat[stat.rfind(b")") + 2 :].split()
+            total += sum(int(x) for x in fields[11:15])  # utime, stime, cutime, cstime
+        except (OSError, IndexError, ValueError):
+            continue
+    return total / _TICKS
+
+
+_TICKS = os.sysconf("SC_CLK_TCK")

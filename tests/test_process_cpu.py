@@ -1,0 +1,85 @@
+"""``--profile``'s CPU of the workers and trusted timers: read from Linux's /proc while they run, per process tree
+(the sandbox, the command, the compilers it waited for), and charged to the step of the exercise run that spent it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from grader.grading import config
+from grader.grading.batch import profiling
+from grader.grading.batch.recorder import cpu_text
+from grader.grading.commands import grade as grade_cmd
+from grader.grading.exercise_run import supervise
+from grader.grading.isolation import processes, proctree
+
+from .sandboxing import sandbox_options
+
+REPO = Path(__file__).parent.parent
+
+# Burns 0.4 s of CPU in a child it waits for, then 0.4 s itself, then waits to be stopped.
+_TREE = """
+import subprocess, sys, time
+burn = "import time\\nend = time.process_time() + 0.4\\nwhile time.process_time() < end: pass\\n"
+subprocess.run([sys.executable, "-c", burn], check=True)
+exec(burn)
+print("burnt", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_process_trees_cpu_counts_itself_and_the_children_it_waited_for(tmp_path):
+    process = processes.Process([sys.executable, "-c", _TREE], cwd=str(tmp_path), env={}, rss_limit_bytes=None,
+                                output_cap=1 << 16)
+    try:
+        deadline = time.monotonic() + 30
+        while "burnt" not in process.readers[0].captured().text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        process.stop()
+    # read as it was stopped (its last figure, not nothing): 0.4 s its own, 0.4 s its child's, Python's start-ups
+    assert 0.75 <= process.cpu_s() < 3.0, process.cpu_s()
+
+
+def test_cpu_seconds_reads_user_and_system_time_of_the_process():
+    end = time.process_time() + 0.3
+    while time.process_time() < end:
+        pass
+    import os
+
+    assert proctree.cpu_seconds([os.getpid()]) >= 0.3
+    assert proctree.cpu_seconds([2 ** 22 + 7]) == 0.0  # no such process: nothing, not an error
+
+
+def test_a_runs_cpu_is_charged_to_the_step_that_spent_it(tmp_path, capsys):
+    """A module that burns a second of CPU when imported: the run's "import the module" step has it, the steps
+    after it do not (each step is charged from the end of the one before), and the batch's line adds it up."""
+    submission = tmp_path / "burns"
+    shutil.copytree(REPO / "solutions" / "gelu", submission / "gelu")
+    module = submission / "gelu" / "gelu.py"
+    module.write_text(module.read_text().replace(
+        "import torch\n", "import torch\n\n_end = time.process_time() + 1.0\nwhile time.process_time() < _end:\n"
+        "    pass\n", 1).replace("import torch\n", "import time\n\nimport torch\n", 1))
+    options = config.GradeOptions(exercises=("gelu",), jobs=1, timeout_s=120.0, call_timeout_s=10.0, random_cases=0,
+                                  secret="test-secret", profile=True, **sandbox_options())
+    grade_cmd.grade([str(submission)], out=tmp_path / "out", options=options)
+    state = json.loads((tmp_path / "out" / "students" / "burns" / "state" / "gelu.json").read_text())
+    cpu = state["cpu"]
+    assert state["status"] == "graded"
+    assert 0.95 <= cpu["import the module"] < 3.0, cpu
+    assert cpu["worker start"] > 0.3, cpu  # the sandbox and Python with torch and triton
+    assert cpu["examples"] < 0.9, cpu  # not the import's second again
+    err = capsys.readouterr().err
+    assert "CPU of its processes: " in err
+    line = next(x for x in err.splitlines() if "the workers' and trusted timers' CPU" in x)
+    assert "import the module 1." in line or "import the module 2." in line, line
+
+
+def test_the_batchs_cpu_line_sorts_the_steps_and_gives_them_per_submission():
+    text = profiling.processes_cpu_text({"worker start": 4.0, "examples": 10.0, supervise.CUT_SHORT: 0.5}, 2)
+    assert text.startswith("  the workers' and trusted timers' CPU 14.5 s (7.2 s per submission): examples 10.0 s")
+    assert text.index("examples") < text.index("worker start") < text.index(supervise.CUT_SHORT)
+    assert cpu_text({"a": 1.0, "b": 2.0}) == "3.0 s: b 2.0 s, a 1.0 s"
