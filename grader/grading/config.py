@@ -229,6 +229,7 @@ class GradeOptions:
     keep_work: bool = False
     profile: bool = False
     gpus: str | None = None  # "all", "0,2,3"; None: the current GPU
+    processes: int | None = None  # grader processes a local batch is split over; None: one per GPU (one on a CPU)
     fresh: bool = False  # discard what the output folder holds and grade everything again
     regrade_changed: bool = False  # grade again, from scratch, the submissions whose files changed
     slurm: Mapping[str, Any] | None = None  # submit to Slurm, with these [slurm] overrides; None: grade here

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from grader.checks.spec import Exercise
 from grader.grading import config
-from grader.grading.batch import gpus, grader_load, markers, profiling, resume, slurm, submission
+from grader.grading.batch import gpus, grader_load, markers, profiling, resume, slurm, split, submission
 from grader.grading.batch.context import Context, UsageError, Workspace, choose_sandbox, make_context
 from grader.grading.batch.progress import Progress
 from grader.grading.batch.recorder import Recorder
@@ -136,6 +136,10 @@ def run_batch(out: Path, plan: Plan) -> Batch:
             tasks = [t for t in tasks if t.previous is not None]
         if plan.elsewhere is not None:
             return plan.elsewhere(ctx, tasks, start)
+        if plan.title is not None and tasks and (n := split.count(ctx, options)) > 1:
+            shares = split.shares(ctx, options, tasks, n)
+            if len(shares) > 1:  # one submission stays in this process: its parts run side by side on one GPU
+                return run_split(ctx, subs, tasks, options, plan, shares, start)
         gradebook = plan.title is not None
         done, left = run_local(ctx, tasks, work, options, plan.describe(ctx, subs, tasks), gradebook=gradebook,
                                students=store.students(out) if gradebook else [s.student for s in subs])
@@ -355,6 +359,24 @@ def run_local(ctx: Context, tasks: list[Task], work: Workspace, options: config.
         print(f"grader grade: every slot failed ({'; '.join(s.failed or '' for s in slots)}); "
               f"{len(outcome.left)} exercise run(s) left ungraded", file=sys.stderr)
     return outcome.committed, outcome.left
+
+
+def run_split(ctx: Context, subs: list[submission.Submission], tasks: list[Task], options: config.GradeOptions,
+              plan: Plan, shares: list[split.Share], start: float) -> Batch:
+    """The tasks graded by a grader process per share (:mod:`grader.grading.batch.split`), then the gradebook and
+    the class report from what they committed."""
+    print(f"{plan.describe(ctx, subs, tasks)}: split over {len(shares)} grader processes "
+          f"({'; '.join(f'{s.label}: {len(s.students)} submission(s), {s.jobs} run(s) at once' for s in shares)})",
+          file=sys.stderr)
+    left = split.run(ctx, tasks, shares, secret=plan.secret.value, profile=options.profile)
+    elapsed = time.monotonic() - start
+    if options.profile:
+        students = len({t.student for t in tasks})
+        print(f"batch profile: {students} submission(s), {len(tasks) - len(left)} exercise run(s) in {elapsed:.1f} s "
+              f"wall over {len(shares)} grader processes ({students * 3600 / max(elapsed, 1e-9):.0f} submissions "
+              "per hour); each process's own profile is above, under its name", file=sys.stderr)
+    assert plan.title is not None
+    return finish(ctx, elapsed, plan.title, len(tasks) - len(left), left)
 
 
 def finish(ctx: Context, elapsed: float, title: str, done: int, left: list[Task]) -> Batch:

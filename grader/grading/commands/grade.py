@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from grader.grading import config
-from grader.grading.batch import gpus, resume, slurm, submission
+from grader.grading.batch import exits, gpus, resume, slurm, submission
 from grader.grading.batch import pipeline as batch_mod
 from grader.grading.batch.context import Terminated, UsageError
 from grader.grading.batch.pipeline import Batch
@@ -41,9 +41,9 @@ from grader.grading.batch.scheduler import Task
 from grader.grading.results import rebuild, store
 
 DEFAULT_OUT = "grading-out"
-EXIT_NEEDS_REGRADE = 3
-EXIT_UNFINISHED = 4
-EXIT_UNGRADABLE = 5  # a submission could not be read, or held no exercise module: named in the summary
+EXIT_NEEDS_REGRADE = exits.NEEDS_REGRADE
+EXIT_UNFINISHED = exits.UNFINISHED
+EXIT_UNGRADABLE = exits.UNGRADABLE
 EXIT_INTERRUPTED = 130
 
 
@@ -58,7 +58,7 @@ def add_common(parser: argparse.ArgumentParser) -> None:
                         "GPUs, chosen from each GPU's memory and the host's cores; timed work always holds its GPU "
                         "alone)")
     parser.add_argument("--gpus", default=None, metavar="all|0,2,3",
-                        help="the GPUs to grade on, one worker each (default: the current GPU)")
+                        help="the GPUs to grade on (default: the current GPU)")
     parser.add_argument("--timeout", type=float, default=None, metavar="S",
                         help="wall-clock limit per exercise and submission (default: course.toml)")
     parser.add_argument("--call-timeout", type=float, default=None, metavar="S",
@@ -91,6 +91,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--regrade-changed", action="store_true",
                         help="grade from scratch the submissions whose files changed since --out graded them")
     add_common(parser)
+    parser.add_argument("--processes", type=int, default=None, metavar="N",
+                        help="grader processes to split the batch over, each grading its share of the students: on "
+                        "GPUs one per GPU (the default) or 1; on a CPU N, sharing --jobs (default: 1)")
     slurm.add_arguments(parser)
 
 
@@ -100,7 +103,8 @@ def options_from_args(args: argparse.Namespace) -> config.GradeOptions:
         exercises=names, jobs=args.jobs, timeout_s=args.timeout, call_timeout_s=args.call_timeout,
         random_cases=args.random, memory_mb=args.memory_mb, secret=args.secret,
         course=Path(args.course).resolve() if args.course else None, keep_work=args.keep_work,
-        profile=args.profile, gpus=args.gpus, fresh=getattr(args, "fresh", False),
+        profile=args.profile, gpus=args.gpus, processes=getattr(args, "processes", None),
+        fresh=getattr(args, "fresh", False),
         regrade_changed=getattr(args, "regrade_changed", False), slurm=slurm.overrides(args),
         wait=getattr(args, "wait", False),
         unsandboxed=args.unsandboxed,

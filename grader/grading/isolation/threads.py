@@ -29,8 +29,15 @@ def child_env() -> dict[str, str]:
     return {name: str(CHILD_THREADS) for name in THREAD_VARIABLES}
 
 
+CORES_VARIABLE = "GRADER_CORES"  # a grader process's share of the host's cores, where several share the host
+
+
 def available_cores() -> int:
-    return len(os.sched_getaffinity(0))
+    """The cores this process may use: its affinity, or its share of them (:data:`CORES_VARIABLE`) where a batch is
+    split over several grader processes."""
+    cores = len(os.sched_getaffinity(0))
+    share = os.environ.get(CORES_VARIABLE, "")
+    return max(1, min(cores, int(share))) if share.isdigit() else cores
 
 
 def grader_threads(runs: int, cores: int | None = None) -> int:
