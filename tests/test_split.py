@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -112,6 +113,8 @@ def test_a_split_batch_grades_each_student_once_with_the_secret_on_stdin_only(tm
     names = [s["student"] for share in listed for s in share]
     assert sorted(names) == ["amy", "bo", "cy"]  # every student in exactly one share
     assert "[share 1] " in err and "[share 2] " in err  # the children's lines, under their names
+    assert "[3/3] " in err  # the whole batch's progress, from the folder
+    assert not re.search(r"\[share \d\] \[\d+/\d+\]", err)  # not each child's own
     with open(out / store.GRADEBOOK, newline="") as f:
         rows = {r["student"]: r for r in csv.DictReader(f)}
     assert sorted(rows) == ["amy", "bo", "cy"]
@@ -143,7 +146,7 @@ def test_students_a_failed_gpu_left_go_to_the_shares_that_ended_well(tmp_path):
     shares = [split.Share("GPU 0", ["a", "c"]), split.Share("GPU 1", ["b"])]
     rounds = []
 
-    def fake_round(ctx, shares_, folder, *, secret, profile, round_):
+    def fake_round(ctx, shares_, folder, *, secret, profile, round_, note):
         rounds.append([(s.label, list(s.students)) for s in shares_])
         ended = []
         for share in shares_:

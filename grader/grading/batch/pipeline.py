@@ -365,10 +365,10 @@ def run_split(ctx: Context, subs: list[submission.Submission], tasks: list[Task]
               plan: Plan, shares: list[split.Share], start: float) -> Batch:
     """The tasks graded by a grader process per share (:mod:`grader.grading.batch.split`), then the gradebook and
     the class report from what they committed."""
-    print(f"{plan.describe(ctx, subs, tasks)}: split over {len(shares)} grader processes "
-          f"({'; '.join(f'{s.label}: {len(s.students)} submission(s), {s.jobs} run(s) at once' for s in shares)})",
-          file=sys.stderr)
-    left = split.run(ctx, tasks, shares, secret=plan.secret.value, profile=options.profile)
+    where = "; ".join(f"{s.label}: {len(s.students)} submission(s), {s.jobs} run(s) at once" for s in shares)
+    progress = Progress(len(tasks), f"{plan.describe(ctx, subs, tasks)}, split over {len(shares)} grader processes "
+                        f"({where})", per_submission=len(ctx.selected))
+    left = split.run(ctx, tasks, shares, secret=plan.secret.value, profile=options.profile, progress=progress)
     elapsed = time.monotonic() - start
     if options.profile:
         students = len({t.student for t in tasks})
@@ -376,13 +376,15 @@ def run_split(ctx: Context, subs: list[submission.Submission], tasks: list[Task]
               f"wall over {len(shares)} grader processes ({students * 3600 / max(elapsed, 1e-9):.0f} submissions "
               "per hour); each process's own profile is above, under its name", file=sys.stderr)
     assert plan.title is not None
-    return finish(ctx, elapsed, plan.title, len(tasks) - len(left), left)
+    return finish(ctx, elapsed, plan.title, len(tasks) - len(left), left,
+                  left_reason="the grader process of their share did not grade them: see its lines above")
 
 
-def finish(ctx: Context, elapsed: float, title: str, done: int, left: list[Task]) -> Batch:
+def finish(ctx: Context, elapsed: float, title: str, done: int, left: list[Task], *,
+           left_reason: str = "no usable GPU was left") -> Batch:
     students = rebuild.rebuild(ctx.out, course=ctx.course, all_exercises=ctx.all_exercises)
     batch = Batch(ctx.out, students, ctx.selected, elapsed, store.read_run(ctx.out).get("device", ctx.description),
-                  graded=done, left=len(left), left_reason="no usable GPU was left" if left else "")
+                  graded=done, left=len(left), left_reason=left_reason if left else "")
     summary(ctx, batch, title)
     return batch
 

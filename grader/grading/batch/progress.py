@@ -68,6 +68,13 @@ class Progress:
             else:
                 print(f"[{self.done}/{self.total}] {message} ({self.status()})", file=sys.stderr, flush=True)
 
+    def set_running(self, running: int) -> None:
+        """The runs under way, where another process runs them (a split batch's children)."""
+        with self._lock:
+            if running != self.running:
+                self.running = running
+                self._refresh()
+
     def _refresh(self) -> None:
         if self.bar is not None:
             self.bar.update(self.task, status=self.status())

@@ -8,9 +8,10 @@ CPU workers) exactly as an array task of a Slurm batch does (:func:`grader.gradi
 it joins the batch this process opened (same run.json, secret and reference store), commits each result to the
 folder as it comes, and never writes the gradebook. This process hands out the students (longest work first, to
 the share with the least so far), passes each child the secret on its standard input (never a command line, file
-or environment variable), relays their output line by line under their name, and rebuilds the gradebook and the
-class report from the folder when they have ended. Students a child left ungraded because its GPU failed are
-handed to the children that ended well, once.
+or environment variable), shows the whole batch's progress from what the folder holds (results committed, runs
+marked as running), relays the rest of the children's output line by line under their name, and rebuilds the
+gradebook and the class report from the folder when they have ended. Students a child left ungraded because its
+GPU failed are handed to the children that ended well, once.
 
 Ctrl-C reaches the children too (they share the terminal's process group) and each stops its own workers; SIGTERM
 is passed on to them.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -32,12 +34,15 @@ from pathlib import Path
 from grader.grading import config
 from grader.grading.batch import exits, gpus
 from grader.grading.batch.context import Context, UsageError
+from grader.grading.batch.progress import Progress
 from grader.grading.batch.scheduler import Task
 from grader.grading.isolation import threads
 from grader.grading.results import store
 
 FOLDER = "processes"  # under OUT/staff: each share's students and log
 STOP_WAIT_S = 60.0  # after SIGTERM, how long a child may take to stop its workers before it is killed
+WATCH_S = 1.0  # how often the folder is read for the batch's progress
+_CHILD_PROGRESS = re.compile(r"\[\d+/\d+\] ")  # a child's own progress line: the parent reports the batch's
 ENDED_WELL = (0, exits.NEEDS_REGRADE, exits.UNGRADABLE)  # a child graded all it was given
 
 
@@ -93,12 +98,24 @@ def shares(ctx: Context, options: config.GradeOptions, tasks: list[Task], n: int
     return [s for s in out if s.students]
 
 
-def run(ctx: Context, tasks: list[Task], shares_: list[Share], *, secret: str, profile: bool) -> list[Task]:
+def run(ctx: Context, tasks: list[Task], shares_: list[Share], *, secret: str, profile: bool,
+        progress: Progress | None = None) -> list[Task]:
     """Grade ``tasks`` in one child per share, then once more on the children that ended well for what a child left
-    ungraded; returns the tasks left ungraded."""
+    ungraded; returns the tasks left ungraded. ``progress`` follows the whole batch."""
     folder = ctx.out / store.STAFF / FOLDER
     folder.mkdir(parents=True, exist_ok=True)
-    ended = _round(ctx, shares_, folder, secret=secret, profile=profile, round_=1)
+    watch = _Watch(ctx.out, tasks, progress) if progress is not None else None
+    try:
+        return _rounds(ctx, tasks, shares_, folder, secret=secret, profile=profile, progress=progress)
+    finally:
+        if watch is not None:
+            watch.close()
+
+
+def _rounds(ctx: Context, tasks: list[Task], shares_: list[Share], folder: Path, *, secret: str, profile: bool,
+            progress: Progress | None) -> list[Task]:
+    note = progress.note if progress is not None else _print
+    ended = _round(ctx, shares_, folder, secret=secret, profile=profile, round_=1, note=note)
     left = _left(ctx.out, tasks)
     healthy = [share for share, code in ended if code in ENDED_WELL]
     if left and healthy and any(code == exits.UNFINISHED for _, code in ended):
@@ -108,11 +125,53 @@ def run(ctx: Context, tasks: list[Task], shares_: list[Share], *, secret: str, p
         for student in sorted(again):
             target = min(healthy, key=lambda s: len(s.students))
             target.students.append(student)
-        print(f"grader grade: {len(again)} submission(s) left by a share that failed go to "
-              f"{', '.join(s.label for s in healthy if s.students)}", file=sys.stderr)
-        _round(ctx, [s for s in healthy if s.students], folder, secret=secret, profile=profile, round_=2)
+        note(f"grader grade: {len(again)} submission(s) left by a share that failed go to "
+             f"{', '.join(s.label for s in healthy if s.students)}")
+        _round(ctx, [s for s in healthy if s.students], folder, secret=secret, profile=profile, round_=2, note=note)
         left = _left(ctx.out, tasks)
     return left
+
+
+def _print(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+class _Watch:
+    """The batch's progress from the folder, once a second: each result a child commits is reported as done (with
+    the share that graded it), and the runs marked as running are counted."""
+
+    def __init__(self, out: Path, tasks: list[Task], progress: Progress):
+        self.out, self.progress = out, progress
+        self.waiting = {(t.student, t.exercise.name) for t in tasks}
+        self.students = {t.student for t in tasks}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="split progress", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(WATCH_S):
+            self.look()
+
+    def look(self) -> None:
+        new = [(student, exercise) for student in sorted({s for s, _ in self.waiting})
+               for exercise in sorted(store.committed(self.out, student)) if (student, exercise) in self.waiting]
+        self.waiting.difference_update(new)
+        running = sum(1 for student, exercise, _, _ in store.read_markers(self.out)
+                      if (student, exercise) in self.waiting)
+        self.progress.set_running(running + len(new))  # each one reported below was running until now
+        for student, exercise in new:
+            try:
+                result = store.load_exercises(self.out, student)[exercise]
+                text = f"{result.status} ({result.elapsed_s:.1f} s)"
+            except (OSError, ValueError, KeyError):
+                text = "committed"
+            self.progress.advance(f"{student} {exercise}: {text}")
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.look()  # what the last commits added
+        self.progress.stop()
 
 
 def _left(out: Path, tasks: list[Task]) -> list[Task]:
@@ -120,8 +179,8 @@ def _left(out: Path, tasks: list[Task]) -> list[Task]:
     return [t for t in tasks if t.exercise.name not in done.setdefault(t.student, store.committed(out, t.student))]
 
 
-def _round(ctx: Context, shares_: list[Share], folder: Path, *, secret: str, profile: bool,
-           round_: int) -> list[tuple[Share, int | None]]:
+def _round(ctx: Context, shares_: list[Share], folder: Path, *, secret: str, profile: bool, round_: int,
+           note=_print) -> list[tuple[Share, int | None]]:
     """One child per share, at once; each share with its exit status (None: it could not be started)."""
     children: list[tuple[Share, subprocess.Popen | None]] = []
     relays = []
@@ -136,7 +195,7 @@ def _round(ctx: Context, shares_: list[Share], folder: Path, *, secret: str, pro
                 child = subprocess.Popen(argv, env={**env, **share.env}, stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
             except OSError as exc:
-                print(f"grader grade: {share.label}: could not start its grader process: {exc}", file=sys.stderr)
+                note(f"grader grade: {share.label}: could not start its grader process: {exc}")
                 children.append((share, None))
                 continue
             assert child.stdin is not None and child.stdout is not None
@@ -145,7 +204,7 @@ def _round(ctx: Context, shares_: list[Share], folder: Path, *, secret: str, pro
                 child.stdin.close()
             except OSError:  # it ended already: its output says why
                 pass
-            relay = threading.Thread(target=_relay, args=(child.stdout, f"[{share.label}] "), daemon=True,
+            relay = threading.Thread(target=_relay, args=(child.stdout, f"[{share.label}] ", note), daemon=True,
                                      name=f"relay {share.label}")
             relay.start()
             relays.append(relay)
@@ -162,12 +221,12 @@ def _round(ctx: Context, shares_: list[Share], folder: Path, *, secret: str, pro
     return [(share, child.returncode if child is not None else None) for share, child in children]
 
 
-def _relay(stream, prefix: str) -> None:
-    """The child's lines on this process's stderr, each under the child's name."""
+def _relay(stream, prefix: str, note) -> None:
+    """The child's lines, each under the child's name; but its own progress lines, which the batch's replace."""
     for raw in iter(stream.readline, b""):
         line = raw.decode(errors="replace").rstrip("\r\n")
-        sys.stderr.write(f"{prefix}{line}\n")
-        sys.stderr.flush()
+        if not _CHILD_PROGRESS.match(line):
+            note(f"{prefix}{line}")
     stream.close()
 
 
