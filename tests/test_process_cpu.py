@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -42,6 +43,15 @@ def test_a_process_trees_cpu_counts_itself_and_the_children_it_waited_for(tmp_pa
         process.stop()
     # read as it was stopped (its last figure, not nothing): 0.4 s its own, 0.4 s its child's, Python's start-ups
     assert 0.75 <= process.cpu_s() < 3.0, process.cpu_s()
+
+
+def test_a_process_that_ends_by_itself_is_read_as_it_exits(tmp_path):
+    """Read from its zombie before it is reaped: all of its CPU, and its child's (a timer that exits when done)."""
+    process = processes.Process([sys.executable, "-c", _TREE.replace("time.sleep(60)", "")], cwd=str(tmp_path),
+                                env={}, rss_limit_bytes=None, output_cap=1 << 16)
+    assert process.wait(30)
+    assert 0.75 <= process.cpu_s() < 3.0, process.cpu_s()
+    assert not process.alive() and process.stop().returncode == 0
 
 
 def test_cpu_seconds_reads_user_and_system_time_of_the_process():
@@ -83,3 +93,33 @@ def test_the_batchs_cpu_line_sorts_the_steps_and_gives_them_per_submission():
     assert text.startswith("  the workers' and trusted timers' CPU 14.5 s (7.2 s per submission): examples 10.0 s")
     assert text.index("examples") < text.index("worker start") < text.index(supervise.CUT_SHORT)
     assert cpu_text({"a": 1.0, "b": 2.0}) == "3.0 s: b 2.0 s, a 1.0 s"
+
+
+def test_the_cpu_of_a_request_that_ends_its_worker_is_counted(tmp_path):
+    """A call that burns 2.5 s and then ends the worker (as a crash or the worker's own watchdog does): charged as
+    the request cut short, as last read (the memory watch reads it at least once a second)."""
+    submission = tmp_path / "dies"
+    shutil.copytree(REPO / "solutions" / "gelu", submission / "gelu")
+    module = submission / "gelu" / "gelu.py"
+    module.write_text(module.read_text().replace(
+        "def gelu(x: torch.Tensor) -> torch.Tensor:\n",
+        "def gelu(x: torch.Tensor) -> torch.Tensor:\n    import os, time\n    end = time.process_time() + 2.5\n"
+        "    while time.process_time() < end:\n        pass\n    os._exit(3)\n", 1))
+    options = config.GradeOptions(exercises=("gelu",), jobs=1, timeout_s=120.0, call_timeout_s=10.0, random_cases=0,
+                                  secret="test-secret", **sandbox_options())
+    grade_cmd.grade([str(submission)], out=tmp_path / "out", options=options)
+    state = json.loads((tmp_path / "out" / "students" / "dies" / "state" / "gelu.json").read_text())
+    assert state["cpu"][supervise.CUT_SHORT] >= 1.2, state["cpu"]
+
+
+def test_the_trusted_timer_says_its_cpu_as_it_ends(tmp_path):
+    """Its sandbox's exit hides a timer's CPU from the grader, so the timer writes it beside its result."""
+    from grader.speed import timer
+
+    jobs, result = tmp_path / "jobs.json", tmp_path / "result.json"
+    jobs.write_text("{not json")
+    done = subprocess.run([sys.executable, "-m", "grader.speed.timer", str(jobs), str(result)], capture_output=True,
+                          text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert "malformed" in json.loads(result.read_text())["error"]
+    assert 0.1 < float((tmp_path / timer.CPU).read_text()) < 30  # its imports at least

@@ -6,7 +6,6 @@ so a server killed mid-grading leaves nothing running; its submission is graded 
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import shutil
@@ -19,12 +18,13 @@ from typing import Any, Protocol
 
 from grader import exercises as exercises_mod
 from grader.grading import config
+from grader.grading.batch import exits
+from grader.grading.isolation import processes
 from grader.serve import outcome
 from grader.serve.records import Grade, SpeedTime, Submission
 
-PR_SET_PDEATHSIG = 1
-GRADED_STATUSES = (0, 3, 5)  # grader grade's: all graded, parts need a regrade, nothing gradable (all reported)
-NEEDS_REGRADE = 3  # grader grade's status where the grader failed on some parts (never the student's fault)
+GRADED_STATUSES = (0, exits.NEEDS_REGRADE, exits.UNGRADABLE)  # grader grade's: all graded (some reported)
+NEEDS_REGRADE = exits.NEEDS_REGRADE  # the grader failed on some parts (never the student's fault)
 REGRADES = 2  # times such parts are graded again (the same command resumes them) before the grade is recorded
 
 
@@ -60,11 +60,6 @@ def options_from_dict(data: dict[str, Any]) -> config.GradeOptions:
                                   "references": Path(data["references"]) if data.get("references") else None})
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-
-
 class EngineBackend:
     """Grades with ``options`` (``grader serve``'s grading options), the serve folder's secret in the child's
     environment (never on its command line)."""
@@ -93,7 +88,7 @@ class EngineBackend:
             for _ in range(1 + REGRADES):  # parts the grader failed on are graded again, never charged
                 child = subprocess.Popen(self.command(spec), stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, env=env,
-                                         preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+                                         preexec_fn=processes.die_with_parent(signal.SIGKILL))
                 status = child.wait()
                 if status != NEEDS_REGRADE:
                     break

@@ -28,6 +28,7 @@ KINDS = (
     ("worker ", "workers' messages"),
     ("output reader", "workers' output"),
     ("memory watch", "memory watch"),
+    ("process exit", "workers' exits"),
     ("gpu-", "GPU turns"),
     ("timer", "trusted timers"),
     ("count-benchmark", "counting the benchmarks' work"),

@@ -1,22 +1,27 @@
 """The sequence every grading batch goes through, written once: :func:`run_batch` runs the :class:`Plan` a command
 supplies (:mod:`grader.grading.commands.grade`: local grading, Slurm submission, a regrade of errors;
-:mod:`grader.grading.commands.grade_task`: one Slurm array task).
+:mod:`grader.grading.commands.grade_task`: one Slurm array task, or one share of a batch split over grader
+processes, :mod:`grader.grading.batch.split`).
 
 The sequence: the batch's secret (:func:`batch_secret`), a scratch workspace and the shared context
 (:mod:`grader.grading.batch.context`); the submissions prepared; the folder checked to hold this batch or none
 (:mod:`grader.grading.batch.resume`) and nobody else grading it; the batch recorded (``run.json``, each submission's
 record); the tasks left, one per (student, exercise), run on this machine's slots
-(:mod:`grader.grading.batch.scheduler`) with each result committed as it comes (:mod:`grader.grading.batch.recorder`);
-the gradebook and the class report rebuilt from the folder (:mod:`grader.grading.results.rebuild`).
+(:mod:`grader.grading.batch.scheduler`) with each result committed as it comes (:mod:`grader.grading.batch.recorder`),
+or split over one grader process per GPU; the gradebook and the class report rebuilt from the folder
+(:mod:`grader.grading.results.rebuild`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
+import signal
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -102,10 +107,12 @@ class Plan:
     secret: Secret
     prepare: Callable[[Context, Path], list[submission.Submission]]  # the submissions, under the scratch directory
     describe: Callable[[Context, list[submission.Submission], list[Task]], str]  # the progress line's title
-    title: str | None  # the summary's; None: a Slurm array task (its merge job writes the gradebook and summary)
+    title: str | None  # the summary's; None: a Slurm array task or a split batch's share (whose merge job or parent
+    # writes the gradebook and the summary)
     joins: dict | None = None  # run.json of the recorded batch this run joins; None: the batch is opened now
     hint: str = ""  # how to get past a conflict with the joined batch
     only_previous: bool = False  # grade only tasks with a result already (a regrade)
+    only: frozenset[tuple[str, str]] | None = None  # grade only these (student, exercise) runs (a split's share)
     exclusive: bool = True  # refuse a folder someone else grades (not an array task: its siblings grade it too)
     device: str | None = None  # where the tasks grade, when not here (Slurm submitted from a login node)
     elsewhere: Callable[[Context, list[Task], float], Batch] | None = None  # hands the tasks to Slurm instead
@@ -120,6 +127,8 @@ def run_batch(out: Path, plan: Plan) -> Batch:
         if plan.joins is not None:  # the reports say where the batch ran, as recorded
             sandbox = (sandbox[0], plan.joins.get("sandbox", sandbox[1]))
         ctx = make_context(out, options, secret=plan.secret.value, work=work, device=plan.device, sandbox=sandbox)
+        # grader processes to split the runs over (asked for before anything is recorded: a usage error records none)
+        n = split.count(ctx, options) if plan.title is not None and plan.elsewhere is None else 1
         if plan.joins is None:
             subs = plan.prepare(ctx, work.dir)
             check_idle(out)
@@ -134,9 +143,11 @@ def run_batch(out: Path, plan: Plan) -> Batch:
         tasks = pending_tasks(ctx, subs)
         if plan.only_previous:
             tasks = [t for t in tasks if t.previous is not None]
+        if plan.only is not None:
+            tasks = [t for t in tasks if (t.student, t.exercise.name) in plan.only]
         if plan.elsewhere is not None:
             return plan.elsewhere(ctx, tasks, start)
-        if plan.title is not None and tasks and (n := split.count(ctx, options)) > 1:
+        if n > 1 and tasks:
             shares = split.shares(ctx, options, tasks, n)
             if len(shares) > 1:  # one submission stays in this process: its parts run side by side on one GPU
                 return run_split(ctx, subs, tasks, options, plan, shares, start)
@@ -344,8 +355,9 @@ def run_local(ctx: Context, tasks: list[Task], work: Workspace, options: config.
         with threads.judging(min(len(tasks), sum(s.capacity for s in slots))):
             outcome = scheduler.run(tasks)
     except KeyboardInterrupt:
-        scheduler.stop()  # first: nothing a killed worker returns is recorded
-        processes.kill_active()
+        with _signals_held():  # a second Ctrl-C or a SIGTERM must not cut the stop short
+            scheduler.stop()  # first: nothing a killed worker returns is recorded
+            processes.kill_active()
         raise
     finally:
         progress.stop()
@@ -368,16 +380,30 @@ def run_split(ctx: Context, subs: list[submission.Submission], tasks: list[Task]
     where = "; ".join(f"{s.label}: {len(s.students)} submission(s), {s.jobs} run(s) at once" for s in shares)
     progress = Progress(len(tasks), f"{plan.describe(ctx, subs, tasks)}, split over {len(shares)} grader processes "
                         f"({where})", per_submission=len(ctx.selected))
-    left = split.run(ctx, tasks, shares, secret=plan.secret.value, profile=options.profile, progress=progress)
+    cpu_before = profiling.host_cpu()
+    left = split.run(ctx, tasks, shares, secret=plan.secret.value, profile=options.profile,
+                     keep_work=options.keep_work, progress=progress)
     elapsed = time.monotonic() - start
     if options.profile:
-        students = len({t.student for t in tasks})
-        print(f"batch profile: {students} submission(s), {len(tasks) - len(left)} exercise run(s) in {elapsed:.1f} s "
-              f"wall over {len(shares)} grader processes ({students * 3600 / max(elapsed, 1e-9):.0f} submissions "
-              "per hour); each process's own profile is above, under its name", file=sys.stderr)
+        print(profiling.split_report(ctx.out, tasks, left, processes=len(shares), wall=progress.wall(),
+                                     cpu_before=cpu_before), file=sys.stderr)
     assert plan.title is not None
     return finish(ctx, elapsed, plan.title, len(tasks) - len(left), left,
                   left_reason="the grader process of their share did not grade them: see its lines above")
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM ignored while the block runs (in the main thread; elsewhere they never arrive)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.signal(signum, signal.SIG_IGN) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def finish(ctx: Context, elapsed: float, title: str, done: int, left: list[Task], *,

@@ -6,11 +6,14 @@ from __future__ import annotations
 import os
 import resource
 import time
+from pathlib import Path
 
 from grader.grading.batch.grader_load import GraderLoad
 from grader.grading.batch.progress import Progress
+from grader.grading.batch.scheduler import Task
 from grader.grading.exercise_run import gpu_references
 from grader.grading.exercise_run.slots import Slot
+from grader.grading.results import store
 
 
 def host_cpu() -> tuple[float, float] | None:
@@ -71,6 +74,38 @@ def report(progress: Progress, slots: list[Slot], *, submissions: int,
                 lines.append(f"    the grader's float64 references: {refs.on_gpu} on this GPU, {refs.on_cpu} on the CPU"
                              + (f" (the CPU took over: {refs.broken})" if refs.broken else ""))
     progress.note("\n".join(lines))
+
+
+def split_report(out: Path, tasks: list[Task], left: list[Task], *, processes: int, wall: float,
+                 cpu_before: tuple[float, float] | None) -> str:
+    """``--profile`` of a batch split over grader processes (each printed its own above): the batch's wall time and
+    rate, the host's CPU, and the CPU of every run's workers and timers by step, from the results in ``out``."""
+    submissions = len({t.student for t in tasks})
+    lines = [f"batch profile: {submissions} submission(s), {len(tasks) - len(left)} exercise run(s) in {wall:.1f} s "
+             f"wall over {processes} grader processes"
+             + (f" ({submissions * 3600 / wall:.0f} submissions per hour)" if wall > 0 and submissions else "")
+             + "; each process's own profile is above, under its name"]
+    cpu_after = host_cpu()
+    if cpu_before is not None and cpu_after is not None and cpu_after[1] > cpu_before[1]:
+        busy = (cpu_after[0] - cpu_before[0]) / (cpu_after[1] - cpu_before[1])
+        host_s = (cpu_after[0] - cpu_before[0]) / os.sysconf("SC_CLK_TCK")
+        per = f" ({host_s / submissions:.0f} s per submission)" if submissions else ""
+        lines.append(f"  host CPU busy {100 * busy:.0f}% of {os.cpu_count()} cores on average; CPU time {host_s:.1f} s"
+                     f"{per}: the grader processes, their workers and trusted timers, and whatever else the host ran")
+    steps: dict[str, float] = {}
+    done = {(t.student, t.exercise.name) for t in tasks} - {(t.student, t.exercise.name) for t in left}
+    for student in sorted({s for s, _ in done}):
+        try:
+            results = store.load_exercises(out, student)
+        except (OSError, ValueError):
+            continue
+        for name, result in results.items():
+            if (student, name) in done:
+                for step, seconds in result.cpu.items():
+                    steps[step] = steps.get(step, 0.0) + seconds
+    if steps:
+        lines.append(processes_cpu_text(steps, submissions))
+    return "\n".join(lines)
 
 
 def processes_cpu_text(cpu_by_step: dict[str, float], submissions: int) -> str:

@@ -62,11 +62,15 @@ class Progress:
             self.done += 1
             self.running = max(0, self.running - 1)
             if self.bar is not None:
-                self.bar.console.log(message)
+                self.bar.console.log(message, markup=False, highlight=False)  # names and children's lines as written
                 self.bar.advance(self.task)
                 self._refresh()
             else:
                 print(f"[{self.done}/{self.total}] {message} ({self.status()})", file=sys.stderr, flush=True)
+
+    def wall(self) -> float:
+        """Seconds since the batch's runs started."""
+        return time.monotonic() - self.started
 
     def set_running(self, running: int) -> None:
         """The runs under way, where another process runs them (a split batch's children)."""
@@ -81,7 +85,7 @@ class Progress:
 
     def note(self, message: str) -> None:
         if self.bar is not None:
-            self.bar.console.log(message)
+            self.bar.console.log(message, markup=False, highlight=False)
         else:
             print(message, file=sys.stderr, flush=True)
 

@@ -7,8 +7,9 @@ A batch is a list of tasks, one per (student, exercise) (:mod:`grader.grading.ba
 2. skip what the output folder already holds — a batch grading into a folder that holds one resumes it,
    provided it is the same batch (same secret, course configuration, settings and submission files:
    :mod:`grader.grading.batch.resume` names what differs and refuses);
-3. run the tasks on local slots (:mod:`grader.grading.batch.scheduler`: CPU workers, or one worker per GPU with
-   ``--gpus``), or as one Slurm job array (:mod:`grader.grading.batch.slurm`) whose tasks grade exactly as a local
+3. run the tasks on local slots (:mod:`grader.grading.batch.scheduler`: CPU workers, or the GPUs of ``--gpus``,
+   several runs sharing each; with several GPUs, one grader process per GPU: :mod:`grader.grading.batch.split`), or
+   as one Slurm job array (:mod:`grader.grading.batch.slurm`) whose tasks grade exactly as a local
    batch does (:mod:`grader.grading.commands.grade_task`);
 4. commit each result atomically the moment it is judged (:mod:`grader.grading.batch.recorder`);
 5. rebuild the gradebook and the class report from the folder (:mod:`grader.grading.results.rebuild`).
@@ -114,6 +115,9 @@ def options_from_args(args: argparse.Namespace) -> config.GradeOptions:
 def run(args: argparse.Namespace) -> int:
     try:
         options = options_from_args(args)
+        if options.processes is not None and options.slurm is not None:
+            raise UsageError("--processes splits a batch graded here; with --slurm each array task grades one "
+                             "submission")
         if args.regrade_errors:
             if args.submissions:
                 raise UsageError("--regrade-errors OUT takes no submissions: it regrades what OUT holds")

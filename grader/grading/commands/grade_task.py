@@ -36,6 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tasks", metavar="FILE", help="the batch's task list (staff/slurm/batch-N.json)")
     parser.add_argument("--jobs", type=int, default=None, help="with --students: exercise runs at once")
     parser.add_argument("--profile", action="store_true", help="with --students: print where the time went")
+    parser.add_argument("--keep-work", action="store_true", help="with --students: keep the scratch directory")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,8 +44,8 @@ def run(args: argparse.Namespace) -> int:
         return merge(Path(args.out), args.merge)
     if args.students:
         try:
-            return run_share(Path(args.out), Path(args.students), secret=sys.stdin.readline().strip(),
-                             jobs=args.jobs, profile=args.profile)
+            return run_share(Path(args.out), Path(args.students), secret=sys.stdin.readline().rstrip("\n"),
+                             jobs=args.jobs, profile=args.profile, keep_work=args.keep_work)
         except (batch_mod.UsageError, resume.Conflict, config.CourseError) as exc:
             print(f"grader grade-task: {exc}", file=sys.stderr)
             return 2
@@ -88,21 +89,24 @@ def run_array_task(out: Path, tasks_file: Path, index: int) -> int:
     return exits.NEEDS_REGRADE if any(r.needs_regrade for r in results.values()) else 0
 
 
-def run_share(out: Path, students_file: Path, *, secret: str, jobs: int | None, profile: bool) -> int:
-    """One share of a split batch: grade the unfinished exercises of the students ``students_file`` lists into
-    ``out``, exactly as a local batch would, joining the batch recorded there (``secret`` must be its)."""
+def run_share(out: Path, students_file: Path, *, secret: str, jobs: int | None, profile: bool,
+              keep_work: bool = False) -> int:
+    """One share of a split batch: grade the runs ``students_file`` lists (each student's exercises) into ``out``,
+    exactly as a local batch would, joining the batch recorded there (``secret`` must be its)."""
     out = out.resolve()
     recorded = batch_mod.recorded_run(out)
-    students = [entry["student"] for entry in json.loads(students_file.read_text())["students"]]
-    options = batch_mod.recorded_options(recorded, config.GradeOptions(jobs=jobs, gpus="all", profile=profile,
-                                                                       secret=secret, processes=1))
+    listed = json.loads(students_file.read_text())["students"]
+    students = [entry["student"] for entry in listed]
+    runs = frozenset((entry["student"], exercise) for entry in listed for exercise in entry["exercises"])
+    options = batch_mod.recorded_options(recorded, config.GradeOptions(
+        jobs=jobs, gpus="all", profile=profile, secret=secret, processes=1, keep_work=keep_work))
     found = batch_mod.batch_secret(options, out, recorded)
     batch = batch_mod.run_batch(out, batch_mod.Plan(
         options, found,
         lambda ctx, workdir: [batch_mod.reprepare(out, s, workdir / f"sub{i}", ctx.selected)
                               for i, s in enumerate(students)],
         lambda ctx, subs, tasks: f"grading {len(tasks)} exercise run(s) of {len(subs)} submission(s)", None,
-        joins=recorded, exclusive=False))
+        joins=recorded, exclusive=False, only=runs))
     if batch.left:
         return exits.UNFINISHED
     results = [r for s in students for r in store.load_exercises(out, s).values()]

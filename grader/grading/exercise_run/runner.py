@@ -237,7 +237,7 @@ def merge_regrade(previous: ExerciseResult, regraded: ExerciseResult) -> Exercis
         log="\n".join(x for x in (previous.log, "--- regrade ---", regraded.log) if x),
         elapsed_s=previous.elapsed_s + regraded.elapsed_s,
         profile={**previous.profile, **{f"regrade: {k}": v for k, v in regraded.profile.items()}},
-        cpu={**previous.cpu, **{f"regrade: {k}": v for k, v in regraded.cpu.items()}},
+        cpu=dict(regraded.cpu),  # this run's only: what the batch's --profile adds up
         device=regraded.device or previous.device,
         message="",
     )

@@ -37,7 +37,7 @@ from grader.grading.isolation import bwrap, processes
 from grader.grading.isolation.gpu_arbiter import GpuArbiter
 from grader.speed.measure import BenchmarkTiming, SpeedMeasurement
 from grader.speed.plan import LaunchPlan
-from grader.speed.timer import GO, PREPARED, PROGRESS, TimerJob, TimerResult, job_result
+from grader.speed.timer import CPU, GO, PREPARED, PROGRESS, TimerJob, TimerResult, job_result
 
 SETUP_S = 120.0  # start-up, loading the kernels, building launchers, validation replays
 # The timers' own Triton cache (the C launchers Triton builds for each kernel signature, its CUDA utilities), in
@@ -155,6 +155,7 @@ class Timer:
         self.used = False
         self.prepared: list[TimerJob] | None = None  # the jobs handed to prepare
         self._running = threading.Event()  # told to time what it prepared: its preparation is no longer watched
+        self._reported: float | None = None  # the CPU seconds the timer said it used, as it ended
         self._watch: threading.Thread | None = None
         try:
             self.process = self._start(settings)
@@ -239,8 +240,17 @@ class Timer:
 
     @property
     def cpu_s(self) -> float:
-        """CPU seconds the timer's processes used (read while they ran)."""
-        return self.process.cpu_s() if self.process is not None else 0.0
+        """CPU seconds the timer's processes used: as it said when it ended, else as read while it ran."""
+        seen = self.process.cpu_s() if self.process is not None else 0.0
+        if self._reported is None:
+            self._read_reported()
+        return max(seen, self._reported or 0.0)
+
+    def _read_reported(self) -> None:
+        try:
+            self._reported = float((self.work / CPU).read_text())
+        except (OSError, ValueError):
+            pass
 
     def _write(self, name: str, text: str) -> None:
         tmp = self.work / f"{name}.tmp"
@@ -253,6 +263,7 @@ class Timer:
         try:
             if self.process is not None and self.process.alive():
                 self.process.stop()
+            self._read_reported()  # before its folder goes
         finally:
             if self.gate is not None:
                 self.gate.close()

@@ -23,13 +23,15 @@ What this gives, and what it does not:
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import secrets
 import signal
 import subprocess
+import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from grader.grading.isolation import proctree, reaper, threads
@@ -155,6 +157,8 @@ class Process:
                              daemon=True).start()
         self.memory_exceeded = False
         self._cpu_seen = 0.0
+        self._ended = threading.Event()  # the process has exited and been reaped
+        threading.Thread(target=self._watch_exit, name="process exit", daemon=True).start()
         self.timed_out = False
         self.leftover_killed = 0
         self._killed: set[int] = set()
@@ -169,20 +173,36 @@ class Process:
 
     def cpu_s(self) -> float:
         """CPU seconds the process and everything under it have used so far (the sandbox, the command, the
-        compilers it ran). Once it has ended: the last figure read while it ran (its exit is not counted)."""
-        if self.proc.poll() is None:
+        compilers it ran). Once it has ended: read as it exited, with the children it waited for; a sandbox (whose
+        bwrap does not wait for the processes inside) as last read while it ran, by this or by the memory watch
+        (at least once a second); one that was killed, as it was just before."""
+        if not self._exited():
             self._cpu_seen = max(self._cpu_seen, proctree.cpu_seconds(proctree.descendants(self.proc.pid)))
         return self._cpu_seen
+
+    def _watch_exit(self) -> None:
+        """Wait for the process to exit without reaping it, read it once more (a zombie keeps its CPU times, and
+        those of the children it waited for), then reap it. Every wait of this class waits for this thread."""
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOWAIT)
+            self._cpu_seen = max(self._cpu_seen, proctree.cpu_seconds([self.proc.pid]))
+        self.proc.poll()
+        self._ended.set()
+
+    def _exited(self) -> bool:
+        return self._ended.is_set()
 
     def _watch_memory(self, limit: int) -> None:
         wait = POLL_S
         while not self._stopped.wait(wait):
-            if self.proc.poll() is not None:
+            if self._exited():
                 return
             # In a sandbox every process of the namespace descends from bwrap (orphans go to its init): walking
             # that tree reads a few files, where listing the namespace reads every process of the host.
             pids = proctree.descendants(self.proc.pid) if self.pid_namespace else self._processes()
             used = proctree.rss(pids)
+            # the last figure of a sandbox that ends by itself (bwrap does not wait for its init: its exit says none)
+            self._cpu_seen = max(self._cpu_seen, proctree.cpu_seconds(pids))
             if used > limit:
                 self.memory_exceeded = True
                 self.kill()
@@ -247,15 +267,11 @@ class Process:
             kill_all(self.proc.pid, self.token or "")
 
     def alive(self) -> bool:
-        return self.proc.poll() is None
+        return not self._exited()
 
     def wait(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` for the process to exit; True if it did."""
-        try:
-            self.proc.wait(timeout=max(0.0, timeout_s))
-        except subprocess.TimeoutExpired:
-            return False
-        return True
+        return self._ended.wait(max(0.0, timeout_s))
 
     def stop(self, *, timed_out: bool = False) -> Outcome:
         """Kill whatever is left of the process and everything it started; what happened. Returns within
@@ -313,6 +329,22 @@ def run(
                       pass_fds=pass_fds, stdin_data=stdin_data)
     exited = process.wait(timeout_s)
     return process.stop(timed_out=not exited and not process.memory_exceeded)
+
+
+PR_SET_PDEATHSIG = 1  # prctl: the signal this process gets when its parent dies
+
+
+def die_with_parent(signum: int) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has the child get ``signum`` when the process that started it dies (None off Linux).
+    It runs in the child between fork and exec: nothing there but the one call."""
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def arm() -> None:
+        libc.prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0)
+
+    return arm
 
 
 def _feed(stream, data: bytes) -> None:

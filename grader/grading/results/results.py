@@ -212,7 +212,8 @@ class ExerciseResult:
     elapsed_s: float = 0.0
     profile: dict[str, float] = field(default_factory=dict)  # seconds per step (grader grade --profile)
     counts: dict[str, int] = field(default_factory=dict)  # e.g. references computed / reused (--profile)
-    cpu: dict[str, float] = field(default_factory=dict)  # its workers' and timers' CPU seconds per step (--profile)
+    cpu: dict[str, float] = field(default_factory=dict)  # the workers' and timer's CPU seconds per step of the run
+    # that wrote it (a regrade's own, not the earlier run's): --profile
     device: dict[str, Any] = field(default_factory=dict)  # where it ran: {"kind", "name", "index", "uuid"}
 
     @property
