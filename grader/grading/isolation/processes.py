@@ -184,9 +184,10 @@ class Process:
         """Wait for the process to exit without reaping it, read it once more (a zombie keeps its CPU times, and
         those of the children it waited for), then reap it. Every wait of this class waits for this thread."""
         with contextlib.suppress(ChildProcessError, OSError):
-            os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOWAIT)
-            self._cpu_seen = max(self._cpu_seen, proctree.cpu_seconds([self.proc.pid]))
-        self.proc.poll()
+            if hasattr(os, "waitid"):  # Linux; elsewhere the last reading stands
+                os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOWAIT)
+                self._cpu_seen = max(self._cpu_seen, proctree.cpu_seconds([self.proc.pid]))
+        self.proc.wait()
         self._ended.set()
 
     def _exited(self) -> bool:
