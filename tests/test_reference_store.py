@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -150,3 +153,47 @@ def test_runs_that_need_a_case_at_once_compute_it_once(tmp_path):
         if r is not computing:
             assert r.seconds[references.WAITING] >= 0.2 and r.seconds[references.COMPUTING] == 0, r.seconds
 
+
+
+_ONE_PROCESS = """
+import os, sys, time
+from pathlib import Path
+from grader import exercises
+from grader.grading.exercise_run.references import ReferenceStore, _on_cpu
+
+folder, log = Path(sys.argv[1]), Path(sys.argv[2])
+part = exercises.get("gelu").part("forward")
+case = part.examples[0].with_seed(7)
+inputs = part.make_inputs(case)
+
+def compute(part, inputs):
+    with open(log, "a") as f:
+        f.write("computed\\n")
+    time.sleep(1.0)
+    return _on_cpu(part, inputs)
+
+(folder / f"ready-{os.getpid()}").write_text("")
+while not (folder / "go").exists():
+    time.sleep(0.01)
+_, computed = ReferenceStore(folder, "s1").reference("gelu", part, case, inputs, compute=compute)
+print("computed" if computed else "loaded")
+"""
+
+
+def test_processes_that_need_a_case_at_once_compute_it_once(tmp_path):
+    """Two grader processes (a split batch's children, Slurm array tasks) ask for one case at once: one computes it,
+    the other waits for its lock and loads what it stored."""
+    log = tmp_path / "log"
+    script = tmp_path / "one.py"
+    script.write_text(_ONE_PROCESS)
+    (tmp_path / "refs").mkdir()
+    children = [subprocess.Popen([sys.executable, str(script), str(tmp_path / "refs"), str(log)], cwd=REPO,
+                                 stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    deadline = time.monotonic() + 120
+    while len(list((tmp_path / "refs").glob("ready-*"))) < 2:  # both have imported torch: they start together
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    (tmp_path / "refs" / "go").write_text("")
+    said = sorted(child.communicate(timeout=120)[0].strip() for child in children)
+    assert said == ["computed", "loaded"]
+    assert log.read_text().count("computed") == 1

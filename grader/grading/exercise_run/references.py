@@ -10,11 +10,17 @@ Every record is signed: an HMAC-SHA256, keyed by the batch's secret, over the re
 the part, the case, the exercise spec's source and the torch version that computed it) and its bytes. A record
 that was changed, truncated, or copied from another batch (another secret) fails the check: it is refused by
 name (a warning, and :attr:`ReferenceStore.refused`) and computed again, never used.
+
+Runs that need a record nobody stored yet compute it once: within a process they wait for the run computing it;
+across processes (a batch split over one grader process per GPU, Slurm array tasks on a shared folder) each
+computation holds a lock file beside the record (``flock``), and a process that finds it held waits, then loads
+what the other stored. Where the filesystem has no such locks, each process computes its own.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import hashlib
 import hmac
@@ -26,7 +32,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -145,9 +151,9 @@ class ReferenceStore:
     def reference(self, exercise: str, part: Part, case: Case, inputs: Inputs, *,
                   compute: Compute | None = None) -> tuple[dict[str, Any], bool]:
         """The reference of ``case`` (computed from ``inputs`` by ``compute``, ``part.reference`` by default):
-        stored, or computed and stored; and whether it was computed here. Runs of this process that need the same
-        case at once compute it once: the others wait for it (a computation never waits for anything, so no two
-        runs wait for each other)."""
+        stored, or computed and stored; and whether it was computed here. Runs that need the same case at once
+        compute it once: the others wait for it, in this process and in others sharing the folder (a computation
+        holds one lock and never waits for another, so no two runs wait for each other)."""
         compute = compute or _on_cpu
         path = self.path(exercise, part, case)
         if path is None:
@@ -164,9 +170,13 @@ class ReferenceStore:
                 break
             running.wait(600.0)  # then load what it stored (or compute, if it failed)
         try:
-            expected = compute(part, inputs)
-            self.save(exercise, part, case, inputs, expected)
-            return expected, True
+            with _held(path):
+                found = self.load(exercise, part, case)  # stored by another process while this one waited
+                if found is not None:
+                    return found[1], False
+                expected = compute(part, inputs)
+                self.save(exercise, part, case, inputs, expected)
+                return expected, True
         finally:
             with self._lock:
                 self._computing.pop(path).set()
@@ -224,6 +234,37 @@ class CaseReferences:
     def _spent(self, what: str, since: float) -> None:
         with self._lock:
             self.seconds[what] += time.monotonic() - since
+
+
+LOCK_WAIT_S = 600.0  # the longest a process waits for another's computation before it computes its own
+LOCK_POLL_S = 0.05
+
+
+@contextlib.contextmanager
+def _held(path: Path) -> Iterator[None]:
+    """The record's lock file held (``flock``, across processes) while the block runs; the block runs unlocked
+    where the filesystem has no locks or the holder has not finished within :data:`LOCK_WAIT_S`."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path.with_name(f".{path.name}.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError:
+        yield
+        return
+    try:
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(LOCK_POLL_S)
+            except OSError:  # no locks on this filesystem
+                break
+        yield
+    finally:
+        os.close(fd)  # and its lock with it
 
 
 def local(secret: str = "") -> ReferenceStore:
