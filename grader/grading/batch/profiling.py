@@ -109,8 +109,8 @@ def split_report(out: Path, tasks: list[Task], left: list[Task], *, processes: i
 
 
 def processes_cpu_text(cpu_by_step: dict[str, float], submissions: int) -> str:
-    """The workers' and timers' CPU by step, largest first (read from /proc while they ran: the last moments of a
-    process that ends by itself are not counted)."""
+    """The workers' and timers' CPU by step, largest first (a worker's read from /proc as each step ends, a trusted
+    timer's as it says when it ends)."""
     total = sum(cpu_by_step.values())
     per = (lambda s: f" ({s / submissions:.1f} s per submission)") if submissions else (lambda s: "")
     steps = ", ".join(f"{k} {v:.1f} s{per(v)}" for k, v in sorted(cpu_by_step.items(), key=lambda kv: -kv[1]))
