@@ -340,10 +340,10 @@ def die_with_parent(signum: int) -> Callable[[], None] | None:
     It runs in the child between fork and exec: nothing there but the one call."""
     if not sys.platform.startswith("linux"):
         return None
-    libc = ctypes.CDLL(None, use_errno=True)
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here, before the fork
 
     def arm() -> None:
-        libc.prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0)
+        prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0)
 
     return arm
 
