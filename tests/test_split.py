@@ -253,9 +253,9 @@ def test_ctrl_c_stops_every_share_and_the_same_command_grades_the_rest(tmp_path)
     """Ctrl-C reaches the parent and its children (one process group): each child stops its workers and says so,
     nothing is left running, and the same command again grades what is left."""
     for name in ("amy", "bo", "cy"):
-        shutil.copytree(REPO / "solutions" / "rmsnorm", tmp_path / "subs" / name / "rmsnorm")
+        shutil.copytree(REPO / "solutions" / "gelu", tmp_path / "subs" / name / "gelu")
     command = [sys.executable, "-m", "grader.cli", "grade", *[str(tmp_path / "subs" / n) for n in ("amy", "bo", "cy")],
-               "--exercises", "rmsnorm", "--random", "3", "--processes", "2", "--jobs", "2", "--secret", SECRET,
+               "--exercises", "gelu", "--random", "1", "--processes", "2", "--jobs", "2", "--secret", SECRET,
                "--out", str(tmp_path / "out"), *(["--unsandboxed"] if sandbox_options()["unsandboxed"] else [])]
     graded = subprocess.Popen(command, start_new_session=True, stderr=subprocess.PIPE, text=True)
     assert graded.stderr is not None
@@ -272,17 +272,17 @@ def test_ctrl_c_stops_every_share_and_the_same_command_grades_the_rest(tmp_path)
     assert leftover.strip() == "", leftover
     again = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr
-    assert all(store.load_exercises(tmp_path / "out", s)["rmsnorm"].status == "graded" for s in ("amy", "bo", "cy"))
+    assert all(store.load_exercises(tmp_path / "out", s)["gelu"].status == "graded" for s in ("amy", "bo", "cy"))
 
 
 def test_the_children_die_with_their_parent(tmp_path):
     """A parent killed outright (SIGKILL: nothing of it runs) takes its children with it: each gets SIGTERM and
     stops its workers; the same command again grades what is left."""
     for name in ("amy", "bo", "cy"):
-        shutil.copytree(REPO / "solutions" / "rmsnorm", tmp_path / "subs" / name / "rmsnorm")
+        shutil.copytree(REPO / "solutions" / "gelu", tmp_path / "subs" / name / "gelu")
     out = tmp_path / "out"
     command = [sys.executable, "-m", "grader.cli", "grade", *[str(tmp_path / "subs" / n) for n in ("amy", "bo", "cy")],
-               "--exercises", "rmsnorm", "--random", "3", "--processes", "2", "--jobs", "2", "--secret", SECRET,
+               "--exercises", "gelu", "--random", "1", "--processes", "2", "--jobs", "2", "--secret", SECRET,
                "--out", str(out), *(["--unsandboxed"] if sandbox_options()["unsandboxed"] else [])]
     graded = subprocess.Popen(command, start_new_session=True, stderr=subprocess.PIPE, text=True)
     assert graded.stderr is not None
@@ -297,4 +297,4 @@ def test_the_children_die_with_their_parent(tmp_path):
         time.sleep(0.2)
     again = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr
-    assert all(store.load_exercises(out, s)["rmsnorm"].status == "graded" for s in ("amy", "bo", "cy"))
+    assert all(store.load_exercises(out, s)["gelu"].status == "graded" for s in ("amy", "bo", "cy"))
