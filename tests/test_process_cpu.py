@@ -123,3 +123,19 @@ def test_the_trusted_timer_says_its_cpu_as_it_ends(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "malformed" in json.loads(result.read_text())["error"]
     assert 0.1 < float((tmp_path / timer.CPU).read_text()) < 30  # its imports at least
+
+
+def test_a_sandbox_that_ends_by_itself_is_read_while_it_runs(tmp_path):
+    """bwrap does not wait for the processes inside its sandbox, so its exit says nothing of their CPU: a sandboxed
+    process is read while it runs, once a second even without a memory limit (a trusted timer)."""
+    from .sandboxing import require_sandbox
+
+    box = require_sandbox()
+    burn = "import time\nend = time.process_time() + 2.5\nwhile time.process_time() < end:\n    pass\n"
+    argv = box.command([sys.executable, "-c", burn], binds=[], env={}, cwd="/")
+    process = processes.Process(argv, cwd=str(tmp_path), env={}, rss_limit_bytes=None, output_cap=1 << 16,
+                                pid_namespace=True)
+    assert process.wait(60)
+    outcome = process.stop()
+    assert outcome.returncode == 0, outcome.stderr.text()
+    assert process.cpu_s() >= 1.2, process.cpu_s()

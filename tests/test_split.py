@@ -177,25 +177,33 @@ def test_students_a_failed_gpu_left_go_to_the_shares_that_ended_well(tmp_path, m
     """A first round where GPU 0's child ends with "runs left ungraded" (its GPU failed) and GPU 1's grades its own:
     a second round hands GPU 0's students to GPU 1. A child that ended otherwise (a usage error) is not retried."""
     ctx = SimpleNamespace(out=tmp_path)
-    tasks = _tasks({"a": 3.0, "b": 2.0, "c": 1.0, "d": 1.0})
+    softmax = exercises.get("softmax")
+    tasks = [*_tasks({"a": 3.0, "b": 2.0, "c": 1.0, "d": 1.0}), Task("a", softmax, SimpleNamespace(student="a"))]
     shares = [split.Share("GPU 0", students=["a", "c"]), split.Share("GPU 1", students=["b"]),
               split.Share("GPU 2", students=["d"])]
-    rounds = []
+    rounds, runs = [], []
+    _write_result(tmp_path, "a", "softmax")  # written before the split began: graded again only if given again
 
     def fake_round(self, shares_, number):
         rounds.append([(s.label, list(s.students)) for s in shares_])
+        runs.append({s: list(self.runs[s]) for share in shares_ for s in share.students})
         ended = []
         for share in shares_:
             code = {"GPU 0": exits.UNFINISHED, "GPU 2": 2}.get(share.label, 0)
             if code == 0:
                 for student in share.students:
-                    _write_result(tmp_path, student)
+                    for exercise in self.runs[student]:
+                        _write_result(tmp_path, student, exercise)
+            elif code == exits.UNFINISHED:
+                time.sleep(0.01)
+                _write_result(tmp_path, "a", "softmax")  # a's softmax graded before the GPU failed
             ended.append((share, code))
         return ended
 
     monkeypatch.setattr(split._Child, "round", fake_round)
     left = split.run(ctx, tasks, shares, secret=SECRET, profile=False)
     assert rounds == [[("GPU 0", ["a", "c"]), ("GPU 1", ["b"]), ("GPU 2", ["d"])], [("GPU 1", ["a", "c"])]]
+    assert runs[1] == {"a": ["gelu"], "c": ["gelu"]}  # the second round: only the runs still without a result
     assert [t.student for t in left] == ["d"]
 
 

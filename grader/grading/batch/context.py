@@ -5,6 +5,7 @@ that kills its workers and removes the directory however the process ends; SIGTE
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -12,6 +13,7 @@ import signal
 import sys
 import tempfile
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -92,6 +94,22 @@ class Workspace:
 
 def _terminate(signum, frame) -> None:
     raise Terminated()
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM ignored while the block runs: a stop under way (its workers, its children) is not cut
+    short by a second Ctrl-C. In the main thread only (elsewhere they never arrive)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.signal(signum, signal.SIG_IGN) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            if handler is not None:  # None: set outside Python, and not restorable from here
+                signal.signal(signum, handler)
 
 
 def _select(all_exercises: tuple[Exercise, ...], names: tuple[str, ...]) -> tuple[Exercise, ...]:

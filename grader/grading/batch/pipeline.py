@@ -14,21 +14,18 @@ or split over one grader process per GPU; the gradebook and the class report reb
 
 from __future__ import annotations
 
-import contextlib
 import os
 import secrets
-import signal
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from grader.checks.spec import Exercise
 from grader.grading import config
 from grader.grading.batch import gpus, grader_load, markers, profiling, resume, slurm, split, submission
-from grader.grading.batch.context import Context, UsageError, Workspace, choose_sandbox, make_context
+from grader.grading.batch.context import Context, UsageError, Workspace, choose_sandbox, make_context, signals_held
 from grader.grading.batch.progress import Progress
 from grader.grading.batch.recorder import Recorder
 from grader.grading.batch.scheduler import Scheduler, Task, estimate, static_estimate
@@ -355,7 +352,7 @@ def run_local(ctx: Context, tasks: list[Task], work: Workspace, options: config.
         with threads.judging(min(len(tasks), sum(s.capacity for s in slots))):
             outcome = scheduler.run(tasks)
     except KeyboardInterrupt:
-        with _signals_held():  # a second Ctrl-C or a SIGTERM must not cut the stop short
+        with signals_held():  # a second Ctrl-C or a SIGTERM must not cut the stop short
             scheduler.stop()  # first: nothing a killed worker returns is recorded
             processes.kill_active()
         raise
@@ -390,20 +387,6 @@ def run_split(ctx: Context, subs: list[submission.Submission], tasks: list[Task]
     assert plan.title is not None
     return finish(ctx, elapsed, plan.title, len(tasks) - len(left), left,
                   left_reason="the grader process of their share did not grade them: see its lines above")
-
-
-@contextlib.contextmanager
-def _signals_held() -> Iterator[None]:
-    """SIGINT and SIGTERM ignored while the block runs (in the main thread; elsewhere they never arrive)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {signum: signal.signal(signum, signal.SIG_IGN) for signum in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
 
 
 def finish(ctx: Context, elapsed: float, title: str, done: int, left: list[Task], *,

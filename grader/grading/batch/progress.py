@@ -62,7 +62,7 @@ class Progress:
             self.done += 1
             self.running = max(0, self.running - 1)
             if self.bar is not None:
-                self.bar.console.log(message, markup=False, highlight=False)  # names and children's lines as written
+                self.bar.console.log(message, markup=False, highlight=False, emoji=False)  # as written
                 self.bar.advance(self.task)
                 self._refresh()
             else:
@@ -85,7 +85,7 @@ class Progress:
 
     def note(self, message: str) -> None:
         if self.bar is not None:
-            self.bar.console.log(message, markup=False, highlight=False)
+            self.bar.console.log(message, markup=False, highlight=False, emoji=False)
         else:
             print(message, file=sys.stderr, flush=True)
 

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from grader.grading import config
 from grader.grading.batch import exits, gpus, markers
-from grader.grading.batch.context import Context, Terminated, UsageError
+from grader.grading.batch.context import Context, Terminated, UsageError, signals_held
 from grader.grading.batch.progress import Progress
 from grader.grading.batch.scheduler import Task
 from grader.grading.isolation import processes, threads
@@ -138,6 +138,9 @@ def run(ctx: Context, tasks: list[Task], shares_: list[Share], *, secret: str, p
                 min(healthy, key=lambda s: len(s.students)).students.append(student)
             note(f"grader grade: {len(again)} submission(s) left by a share whose GPU failed go to "
                  f"{', '.join(s.label for s in healthy if s.students)}")
+            child.runs = {}  # only the runs still without a result
+            for task in done.left():
+                child.runs.setdefault(task.student, []).append(task.exercise.name)
             child.round([s for s in healthy if s.students], 2)
         return done.left()
     finally:
@@ -242,8 +245,9 @@ class _Child:
                     child.wait()
         except BaseException as exc:
             # Ctrl-C reached the children too (one process group): they stop by themselves, unless it came alone
-            _stop([c for _, c in children if c is not None],
-                  signalled=isinstance(exc, KeyboardInterrupt) and not isinstance(exc, Terminated))
+            with signals_held():  # the command says "stopped" only once they have
+                _stop([c for _, c in children if c is not None],
+                      signalled=isinstance(exc, KeyboardInterrupt) and not isinstance(exc, Terminated))
             raise
         finally:
             for relay in relays:

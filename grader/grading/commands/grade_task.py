@@ -50,6 +50,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"grader grade-task: {exc}", file=sys.stderr)
             return 2
         except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: its workers are stopped, what it committed is kept
+            for signum in (signal.SIGINT, signal.SIGTERM):  # a second one during the exit is not a traceback
+                signal.signal(signum, signal.SIG_IGN)
             print("grader grade-task: stopped", file=sys.stderr)
             return 128 + signal.SIGTERM if isinstance(exc, Terminated) else 128 + signal.SIGINT
     if not args.tasks:

@@ -14,7 +14,7 @@ name (a warning, and :attr:`ReferenceStore.refused`) and computed again, never u
 Runs that need a record nobody stored yet compute it once: within a process they wait for the run computing it;
 across processes (a batch split over one grader process per GPU, Slurm array tasks on a shared folder) each
 computation holds a lock file beside the record (``flock``), and a process that finds it held waits, then loads
-what the other stored. Where the filesystem has no such locks, each process computes its own.
+what the other stored. Where the filesystem has no such locks (or one is held too long), each process computes its own.
 """
 
 from __future__ import annotations
@@ -236,7 +236,7 @@ class CaseReferences:
             self.seconds[what] += time.monotonic() - since
 
 
-LOCK_WAIT_S = 600.0  # the longest a process waits for another's computation before it computes its own
+LOCK_WAIT_S = 120.0  # the longest a process waits for another's computation (or a stale NFS lock) before computing
 LOCK_POLL_S = 0.05
 
 

@@ -330,8 +330,8 @@ class _Supervision:
         """``step`` ended now: its wall time since ``since``, and the worker's CPU time since the last step's end."""
         self.result.add_time(step, time.monotonic() - since)
         cpu = worker.process.cpu_s()
-        self.result.add_cpu(step, cpu - self.cpu_mark)
-        self.cpu_mark = cpu
+        self.result.add_cpu(step, max(0.0, cpu - self.cpu_mark))
+        self.cpu_mark = max(self.cpu_mark, cpu)
 
     def _crashed(self, item: Item) -> None:
         self.crashes[item.part.name] = self.crashes.get(item.part.name, 0) + 1

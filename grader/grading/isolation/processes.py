@@ -157,13 +157,14 @@ class Process:
                              daemon=True).start()
         self.memory_exceeded = False
         self._cpu_seen = 0.0
-        self._ended = threading.Event()  # the process has exited and been reaped
+        self._cpu_lock = threading.Lock()
+        self._ended = threading.Event()  # the process has exited (reaped only by stop(): its pid stays its own)
         threading.Thread(target=self._watch_exit, name="process exit", daemon=True).start()
         self.timed_out = False
         self.leftover_killed = 0
         self._killed: set[int] = set()
         self._stopped = threading.Event()
-        if rss_limit_bytes is not None:
+        if rss_limit_bytes is not None or pid_namespace:  # a sandbox's CPU is read here too: see cpu_s()
             threading.Thread(target=self._watch_memory, args=(rss_limit_bytes,), name="memory watch",
                              daemon=True).start()
 
@@ -177,23 +178,33 @@ class Process:
         bwrap does not wait for the processes inside) as last read while it ran, by this or by the memory watch
         (at least once a second); one that was killed, as it was just before."""
         if not self._exited():
-            self._cpu_seen = max(self._cpu_seen, proctree.cpu_seconds(proctree.descendants(self.proc.pid)))
+            self._saw_cpu(proctree.cpu_seconds(proctree.descendants(self.proc.pid)))
         return self._cpu_seen
 
+    def _saw_cpu(self, seconds: float) -> None:
+        with self._cpu_lock:  # three threads read it: the figure never goes back
+            self._cpu_seen = max(self._cpu_seen, seconds)
+
     def _watch_exit(self) -> None:
-        """Wait for the process to exit without reaping it, read it once more (a zombie keeps its CPU times, and
-        those of the children it waited for), then reap it. Every wait of this class waits for this thread."""
-        with contextlib.suppress(ChildProcessError, OSError):
-            if hasattr(os, "waitid"):  # Linux; elsewhere the last reading stands
-                os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOWAIT)
-                self._cpu_seen = max(self._cpu_seen, proctree.cpu_seconds([self.proc.pid]))
-        self.proc.wait()
-        self._ended.set()
+        """Wait for the process to exit and read it once more (a zombie keeps its CPU times, and those of the
+        children it waited for), without reaping it: until stop() has killed what is left and reaps it, its pid
+        and process group cannot be another process's. Every wait of this class waits for this thread."""
+        try:
+            if hasattr(os, "waitid"):  # Linux
+                with contextlib.suppress(ChildProcessError, OSError):
+                    os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOWAIT)
+                    self._saw_cpu(proctree.cpu_seconds([self.proc.pid]))
+            else:  # elsewhere it is reaped here, and the last reading stands
+                self.proc.wait()
+        finally:
+            self._ended.set()
 
     def _exited(self) -> bool:
         return self._ended.is_set()
 
-    def _watch_memory(self, limit: int) -> None:
+    def _watch_memory(self, limit: int | None) -> None:
+        """Kill the process above ``limit`` bytes resident; and read its CPU each time (without a limit, once a
+        second: a sandbox only)."""
         wait = POLL_S
         while not self._stopped.wait(wait):
             if self._exited():
@@ -201,9 +212,12 @@ class Process:
             # In a sandbox every process of the namespace descends from bwrap (orphans go to its init): walking
             # that tree reads a few files, where listing the namespace reads every process of the host.
             pids = proctree.descendants(self.proc.pid) if self.pid_namespace else self._processes()
-            used = proctree.rss(pids)
             # the last figure of a sandbox that ends by itself (bwrap does not wait for its init: its exit says none)
-            self._cpu_seen = max(self._cpu_seen, proctree.cpu_seconds(pids))
+            self._saw_cpu(proctree.cpu_seconds(pids))
+            if limit is None:
+                wait = MEMORY_POLL_MAX_S
+                continue
+            used = proctree.rss(pids)
             if used > limit:
                 self.memory_exceeded = True
                 self.kill()
@@ -283,6 +297,8 @@ class Process:
         self.kill_leftovers()
         self.kill()
         exited = self.wait(WAIT_S)
+        if exited:
+            self.proc.wait()  # reaped now that nothing of it is left to kill
         elapsed = time.monotonic() - self.start
         namespace, gone_by = self.namespace(), time.monotonic() + WAIT_S
         while namespace and proctree.namespace_members(namespace) and time.monotonic() < gone_by:
@@ -341,9 +357,12 @@ def die_with_parent(signum: int) -> Callable[[], None] | None:
     if not sys.platform.startswith("linux"):
         return None
     prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here, before the fork
+    parent = os.getpid()
 
     def arm() -> None:
         prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0)
+        if os.getppid() != parent:  # it died between the fork and the prctl
+            os.kill(os.getpid(), signum)
 
     return arm
 
