@@ -10,6 +10,7 @@ from pathlib import Path
 
 from grader.grading.batch.grader_load import GraderLoad
 from grader.grading.batch.progress import Progress
+from grader.grading.batch.recorder import cpu_text
 from grader.grading.batch.scheduler import Task
 from grader.grading.exercise_run import gpu_references
 from grader.grading.exercise_run.slots import Slot
@@ -41,14 +42,12 @@ def report(progress: Progress, slots: list[Slot], *, submissions: int,
     own process was busy with, and how crowded its interpreter was; ``cpu_by_step``: the CPU seconds of the runs'
     workers and timers, per step."""
     wall = time.monotonic() - progress.started
-    lines = [f"batch profile: {submissions} submission(s), {progress.done} exercise run(s) in {wall:.1f} s wall"
-             + (f" ({submissions * 3600 / wall:.0f} submissions per hour)" if wall > 0 and submissions else "")]
-    cpu_after = host_cpu()
-    if cpu_before is not None and cpu_after is not None and cpu_after[1] > cpu_before[1]:
-        busy = (cpu_after[0] - cpu_before[0]) / (cpu_after[1] - cpu_before[1])
+    lines = [_header(submissions, progress.done, wall)]
+    host = _host_since(cpu_before)
+    if host is not None:
+        busy, host_s = host
         lines.append(f"  host CPU busy {100 * busy:.0f}% of {os.cpu_count()} cores on average")
         if own_before is not None:  # a sandbox's processes escape RUSAGE_CHILDREN: the rest of the host is theirs
-            host_s = (cpu_after[0] - cpu_before[0]) / os.sysconf("SC_CLK_TCK")
             own = own_cpu() - own_before
             per = f" ({host_s / submissions:.0f} s per submission)" if submissions else ""
             lines.append(f"  CPU time {host_s:.1f} s on the host{per}: the grader's own process {own:.1f} s "
@@ -81,14 +80,11 @@ def split_report(out: Path, tasks: list[Task], left: list[Task], *, processes: i
     """``--profile`` of a batch split over grader processes (each printed its own above): the batch's wall time and
     rate, the host's CPU, and the CPU of every run's workers and timers by step, from the results in ``out``."""
     submissions = len({t.student for t in tasks})
-    lines = [f"batch profile: {submissions} submission(s), {len(tasks) - len(left)} exercise run(s) in {wall:.1f} s "
-             f"wall over {processes} grader processes"
-             + (f" ({submissions * 3600 / wall:.0f} submissions per hour)" if wall > 0 and submissions else "")
+    lines = [_header(submissions, len(tasks) - len(left), wall, f" over {processes} grader processes")
              + "; each process's own profile is above, under its name"]
-    cpu_after = host_cpu()
-    if cpu_before is not None and cpu_after is not None and cpu_after[1] > cpu_before[1]:
-        busy = (cpu_after[0] - cpu_before[0]) / (cpu_after[1] - cpu_before[1])
-        host_s = (cpu_after[0] - cpu_before[0]) / os.sysconf("SC_CLK_TCK")
+    host = _host_since(cpu_before)
+    if host is not None:
+        busy, host_s = host
         per = f" ({host_s / submissions:.0f} s per submission)" if submissions else ""
         lines.append(f"  host CPU busy {100 * busy:.0f}% of {os.cpu_count()} cores on average; CPU time {host_s:.1f} s"
                      f"{per}: the grader processes, their workers and trusted timers, and whatever else the host ran")
@@ -108,13 +104,24 @@ def split_report(out: Path, tasks: list[Task], left: list[Task], *, processes: i
     return "\n".join(lines)
 
 
+def _header(submissions: int, runs: int, wall: float, where: str = "") -> str:
+    return (f"batch profile: {submissions} submission(s), {runs} exercise run(s) in {wall:.1f} s wall{where}"
+            + (f" ({submissions * 3600 / wall:.0f} submissions per hour)" if wall > 0 and submissions else ""))
+
+
+def _host_since(cpu_before: tuple[float, float] | None) -> tuple[float, float] | None:
+    """The host's cores since ``cpu_before`` (:func:`host_cpu`): the share busy, and the busy CPU seconds."""
+    cpu_after = host_cpu()
+    if cpu_before is None or cpu_after is None or cpu_after[1] <= cpu_before[1]:
+        return None
+    busy = cpu_after[0] - cpu_before[0]
+    return busy / (cpu_after[1] - cpu_before[1]), busy / os.sysconf("SC_CLK_TCK")
+
+
 def processes_cpu_text(cpu_by_step: dict[str, float], submissions: int) -> str:
     """The workers' and timers' CPU by step, largest first (a worker's read from /proc as each step ends, a trusted
     timer's as it says when it ends)."""
-    total = sum(cpu_by_step.values())
-    per = (lambda s: f" ({s / submissions:.1f} s per submission)") if submissions else (lambda s: "")
-    steps = ", ".join(f"{k} {v:.1f} s{per(v)}" for k, v in sorted(cpu_by_step.items(), key=lambda kv: -kv[1]))
-    return f"  the workers' and trusted timers' CPU {total:.1f} s{per(total)}: {steps}"
+    return f"  the workers' and trusted timers' CPU {cpu_text(cpu_by_step, submissions)}"
 
 
 ROLES = {"worker": "workers", "timer": "trusted timers", "grader": "the grader's references"}

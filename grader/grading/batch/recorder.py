@@ -105,7 +105,8 @@ class Recorder:
         self._heartbeat.close()
 
 
-def cpu_text(cpu: dict[str, float]) -> str:
-    """CPU seconds per step, largest first, with the total."""
-    steps = sorted(cpu.items(), key=lambda kv: -kv[1])
-    return f"{sum(cpu.values()):.1f} s: " + ", ".join(f"{k} {v:.1f} s" for k, v in steps)
+def cpu_text(cpu: dict[str, float], submissions: int = 0) -> str:
+    """CPU seconds per step, largest first, after the total; with ``submissions``, each also per submission."""
+    per = (lambda s: f" ({s / submissions:.1f} s per submission)") if submissions else (lambda s: "")
+    steps = ", ".join(f"{k} {v:.1f} s{per(v)}" for k, v in sorted(cpu.items(), key=lambda kv: -kv[1]))
+    return f"{sum(cpu.values()):.1f} s{per(sum(cpu.values()))}: {steps}"
