@@ -6,6 +6,7 @@ roofline chart."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -101,6 +102,33 @@ def test_measure_times_the_student_against_the_grading_baselines():
     assert work.bytes == 8192.0 and work.flops is None
     with pytest.raises(ValueError, match="declares no baseline nope"):
         _measure(part, _module(clock, 0.5), clock, baselines=["nope"])
+
+
+def test_benchmark_work_is_counted_on_inputs_without_values(monkeypatch):
+    """Every shipped benchmark's bytes and FLOPs come from meta-device inputs (no CPU draw, which takes seconds per
+    benchmark), and equal the counts on the inputs drawn for real."""
+    drawn = []
+    monkeypatch.setattr(workload, "cpu_inputs", lambda part, case: drawn.append(part.name))
+    monkeypatch.setattr(workload, "_WORK", {})
+    counted = {(ex.name, part.name, b.label): workload.benchmark_work(part, b)
+               for ex in exercises.all_exercises() for part in ex.parts for b in part.benchmarks}
+    assert drawn == [] and len(counted) >= 10
+    for ex in exercises.all_exercises():  # one benchmark per part drawn for real (seconds each)
+        for part in ex.parts:
+            if part.benchmarks:
+                bench_ = part.benchmarks[0]
+                real = workload._work(bench_, measure.cpu_inputs(part, bench_.case))
+                assert counted[(ex.name, part.name, bench_.label)] == real, (ex.name, part.name, bench_.label)
+
+
+def test_benchmark_work_whose_inputs_read_values_is_counted_on_drawn_inputs(monkeypatch):
+    def make_inputs(case: Case) -> dict:  # reads a value: impossible without values
+        x = tensors.values((case["n"],), "normal", tensors.generator(case.seed))
+        return {"x": (x / float(x.abs().max())).float()}
+
+    part = dataclasses.replace(_toy_part(FakeClock()), make_inputs=make_inputs)
+    monkeypatch.setattr(workload, "_WORK", {})
+    assert workload.benchmark_work(part, part.benchmarks[0]).bytes == 8192.0
 
 
 def test_fast_enough_gets_full_credit_with_numbers():

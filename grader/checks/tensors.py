@@ -3,7 +3,8 @@
 Everything is generated on the CPU from ``torch.Generator(seed)`` so that any process (the pytest
 run, the grader's worker and its verdict process) rebuilds bit-identical inputs from a case. Timing inputs
 are the exception (:func:`generated_on`): only their sizes and distributions matter, and drawing hundreds of
-megabytes on the CPU costs seconds per benchmark.
+megabytes on the CPU costs seconds per benchmark. On the ``meta`` device tensors have shapes, dtypes and strides
+but no values: enough to count a benchmark's bytes and FLOPs.
 """
 
 from __future__ import annotations
@@ -33,13 +34,16 @@ VALUES = ("normal", "large", "small", "mixed")
 
 
 def generator(seed: int) -> torch.Generator:
-    g = torch.Generator(device=_DEVICE.get())
+    device = _DEVICE.get()
+    g = torch.Generator(device="cpu" if device == "meta" else device)  # meta: no values are drawn
     g.manual_seed(seed & 0x7FFF_FFFF_FFFF_FFFF)
     return g
 
 
 def values(shape: tuple[int, ...], kind: str, g: torch.Generator) -> torch.Tensor:
-    """float64 values of one of the VALUES kinds."""
+    """float64 values of one of the VALUES kinds (none on the meta device)."""
+    if _DEVICE.get() == "meta":
+        return torch.empty(shape, dtype=torch.float64, device="meta")
     x = torch.randn(shape, generator=g, dtype=torch.float64, device=g.device)
     if kind == "normal":
         return x

@@ -101,7 +101,8 @@ def make_autograd_inputs(case: Case) -> dict:
     gradients are linear in do, so it changes nothing else."""
     g = tensors.generator(case.seed)
     inputs = {**_qkv(case, g), **_params(case)}
-    rms = {n: float(inputs[n].double().square().mean().sqrt()) for n in ("q", "k", "v")}
+    rms = {n: 1.0 if inputs[n].is_meta else float(inputs[n].double().square().mean().sqrt())  # meta: no values
+           for n in ("q", "k", "v")}
     term = _scale(inputs) * case["d"] ** 0.5 * rms["v"] * max(rms["q"], rms["k"])
     do = tensors.values((*tuple(case["lead"]), case["nq"], case["d"]), "normal", g) / term
     return {**inputs, "do": tensors.layout_view(do.to(case.dtype), case["layout"])}

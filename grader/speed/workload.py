@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from grader.checks import tensors
 from grader.checks.spec import Benchmark, Part
 from grader.speed.measure import cpu_inputs
 from grader.speed.thresholds import Thresholds
@@ -30,16 +31,29 @@ _WORK_LOCK = threading.Lock()  # one count at a time: a caller waits for a count
 
 def benchmark_work(part: Part, bench: Benchmark) -> Work:
     """The benchmark's byte and FLOP counts, computed here from the spec (never taken from a worker);
-    remembered per process, since building the inputs takes a while."""
+    remembered per process."""
     key = (id(part), bench.label)
     with _WORK_LOCK:
         known = _WORK.get(key)
         if known is None or known[0] is not part:
-            inputs = cpu_inputs(part, bench.case)
-            work = Work(float(bench.bytes_moved(inputs)) if bench.bytes_moved else None,
-                        float(bench.flops(inputs)) if bench.flops else None, bench.case.get("dtype"))
-            known = _WORK[key] = (part, work)
+            known = _WORK[key] = (part, _count(part, bench))
         return known[1]
+
+
+def _count(part: Part, bench: Benchmark) -> Work:
+    """Counted on inputs without values (the meta device: shapes, dtypes and strides are what the counts read),
+    else on the CPU's inputs, which take seconds to draw at benchmark size."""
+    try:
+        with tensors.generated_on("meta"):
+            inputs = part.make_inputs(bench.case)
+            return _work(bench, inputs)
+    except Exception:  # inputs whose building reads values: drawn for real
+        return _work(bench, cpu_inputs(part, bench.case))
+
+
+def _work(bench: Benchmark, inputs) -> Work:
+    return Work(float(bench.bytes_moved(inputs)) if bench.bytes_moved else None,
+                float(bench.flops(inputs)) if bench.flops else None, bench.case.get("dtype"))
 
 
 def count_work_in_background(parts: Iterable[Part]) -> threading.Thread:
