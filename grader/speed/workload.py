@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from grader.checks import tensors
-from grader.checks.spec import Benchmark, Part
+from grader.checks.spec import Benchmark, Inputs, Part
 from grader.speed.measure import cpu_inputs
 from grader.speed.thresholds import Thresholds
 
@@ -51,7 +51,7 @@ def _count(part: Part, bench: Benchmark) -> Work:
         return _work(bench, cpu_inputs(part, bench.case))
 
 
-def _work(bench: Benchmark, inputs) -> Work:
+def _work(bench: Benchmark, inputs: Inputs) -> Work:
     return Work(float(bench.bytes_moved(inputs)) if bench.bytes_moved else None,
                 float(bench.flops(inputs)) if bench.flops else None, bench.case.get("dtype"))
 
