@@ -16,17 +16,20 @@ caches whose binders treat every non-constexpr argument as ``do_not_specialize``
 from __future__ import annotations
 
 import contextlib
-import threading
+import types
 from collections import defaultdict
 from collections.abc import Iterator
 
-_state = threading.local()
+# Process-wide, not per thread: PyTorch runs a CUDA backward pass on a thread of its autograd engine, whose
+# kernels belong to the correctness call that ran backward() (the worker runs one request at a time).
+_state = types.SimpleNamespace()
 _installed = False
 
 
 @contextlib.contextmanager
 def generic() -> Iterator[None]:
-    """Run the block's Triton kernels without integer and alignment specialization (this thread)."""
+    """Run the block's Triton kernels without integer and alignment specialization (this process: a backward pass
+    on the autograd engine's thread too)."""
     previous = getattr(_state, "generic", False)
     _state.generic = True
     try:

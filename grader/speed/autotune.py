@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import threading
+import types
 import weakref
 from collections.abc import Iterator
 
@@ -43,7 +43,10 @@ COMPILE_THREADS = 8
 _FAILED = [float("inf")] * 3  # what Triton's own _bench returns for a config it cannot build
 _CHOSEN = [0.0] * 3
 
-_state = threading.local()
+# Process-wide, not per thread: PyTorch runs a CUDA backward pass on a thread of its autograd engine, and the
+# student's autotuned backward kernels must choose in the mode of the request that called backward() (the worker
+# runs one request at a time).
+_state = types.SimpleNamespace()
 _untimed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # autotuner -> keys chosen without timing
 _default = TUNE
 _installed = False
@@ -55,7 +58,7 @@ def _mode() -> str:
 
 @contextlib.contextmanager
 def mode(name: str) -> Iterator[None]:
-    """Run the block with the autotuner in mode ``name`` (this thread)."""
+    """Run the block with the autotuner in mode ``name`` (this process: the threads it starts follow it)."""
     previous = getattr(_state, "mode", None)
     _state.mode = name
     try:
