@@ -1,12 +1,15 @@
 """The batch scheduler on the CPU with fake GPUs: which GPUs a batch uses and how a worker is pinned to one,
-longest work first, never two timed runs on one GPU, a failing GPU taken out of the pool with its work run
-elsewhere (and a failing student kernel not mistaken for one), and nothing committed once a batch stops."""
+longest work first (and its workers first on the host's cores), never two timed runs on one GPU, a failing GPU
+taken out of the pool with its work run elsewhere (and a failing student kernel not mistaken for one), and nothing
+committed once a batch stops."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -216,7 +219,60 @@ def test_estimates_from_the_spec_and_from_history():
     assert scheduler.estimate(GELU, None, {}, 1.0) == 1.0
 
 
+def test_the_longest_work_runs_at_niceness_0_and_shorter_work_nicer_in_proportion():
+    assert scheduler.niceness(190.0, 190.0) == 0
+    assert scheduler.niceness(250.0, 190.0) == 0  # an estimate above the batch's longest: still the critical path
+    assert scheduler.niceness(5.0, 0.0) == 0  # nothing known about the batch: nothing changed
+    niceness = [scheduler.niceness(e, 190.0) for e in (190.0, 113.0, 71.0, 61.0, 0.0)]
+    assert niceness == sorted(niceness) and niceness[0] == 0 < niceness[1]
+    assert niceness[-1] == scheduler.NICE_SPAN
+
+
+def test_a_batch_gives_each_run_the_niceness_of_its_estimate(tmp_path, monkeypatch):
+    """Through ``grade()``: every FlashAttention run (the longest estimate) has niceness 0, every GeLU run more."""
+    from grader.grading import config
+    from grader.grading.batch import pipeline
+    from grader.grading.commands import grade as grade_cmd
+    from tests.sandboxing import sandbox_options
+
+    seen: dict[str, set[int]] = {}
+
+    def fake_grade(exercise, root, *, settings, **_):
+        seen.setdefault(exercise.name, set()).add(settings.nice)
+        return ExerciseResult(exercise.name, exercise.title, GRADED)
+
+    monkeypatch.setattr(pipeline.runner, "grade_exercise", fake_grade)
+    for student in ("a", "b"):
+        (tmp_path / student).mkdir()
+    options = config.GradeOptions(exercises=("gelu", "flash_attention"), jobs=2, secret="s", **sandbox_options())
+    grade_cmd.grade([str(tmp_path / "a"), str(tmp_path / "b")], out=tmp_path / "out", options=options)
+    fa, gelu = exercises.get("flash_attention"), GELU
+    static = [scheduler.static_estimate(e, device="cpu", random_cases=5, speed_budget_s=10.0) for e in (fa, gelu)]
+    assert seen == {"flash_attention": {0}, "gelu": {scheduler.niceness(static[1], static[0])}}
+    assert scheduler.niceness(static[1], static[0]) > 0
+
+
 # ------------------------------------------------------------------------------------------ with workers
+
+PRINT_NICE = '''
+import os
+print("NICE", os.nice(0), flush=True)
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nice", [0, 6])
+def test_a_runs_workers_and_what_the_student_starts_run_at_its_niceness(tmp_path, nice):
+    from grader.grading import config
+    from grader.grading.exercise_run import runner
+
+    (tmp_path / "sub" / "gelu").mkdir(parents=True)
+    (tmp_path / "sub" / "gelu" / "gelu.py").write_text(PRINT_NICE)
+    settings = config.resolve(config.GradeOptions(random_cases=0, timeout_s=60), config.load_course(),
+                              device="cpu", secret="s", workdir=tmp_path)
+    result = runner.grade_exercise(GELU, tmp_path / "sub", settings=replace(settings, nice=nice),
+                                   scratch=tmp_path / "scratch")
+    assert f"NICE {os.nice(0) + nice}" in result.log
 
 PRINT_PIN = '''
 import os

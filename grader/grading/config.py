@@ -270,6 +270,7 @@ class RunSettings:
     # with parallel_parts, each part's speed measurement in a worker of its own too: shortens a run alone, but costs
     # a worker start, so only where the GPUs have room for more runs than the batch has (one submission, a server)
     speed_apart: bool = False
+    nice: int = 0  # the CPU niceness of the run's workers (:func:`grader.grading.batch.scheduler.niceness`)
 
 
 def resolve(options: GradeOptions, course: Course, *, device: str, secret: str, workdir: Path,

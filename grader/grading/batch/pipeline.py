@@ -28,7 +28,7 @@ from grader.grading.batch import gpus, grader_load, markers, profiling, resume, 
 from grader.grading.batch.context import Context, UsageError, Workspace, choose_sandbox, make_context, signals_held
 from grader.grading.batch.progress import Progress
 from grader.grading.batch.recorder import Recorder
-from grader.grading.batch.scheduler import Scheduler, Task, estimate, static_estimate
+from grader.grading.batch.scheduler import Scheduler, Task, estimate, niceness, static_estimate
 from grader.grading.config import RunSettings
 from grader.grading.exercise_run import runner
 from grader.grading.exercise_run.slots import Slot
@@ -345,9 +345,13 @@ def run_local(ctx: Context, tasks: list[Task], work: Workspace, options: config.
     load = grader_load.GraderLoad().start() if options.profile else None
     # room for more runs than the batch has (one submission, say): each speed measurement in a worker of its own
     settings = replace(ctx.settings, speed_apart=ctx.device == "cuda" and len(tasks) < sum(s.capacity for s in slots))
-    scheduler = Scheduler(slots, lambda task, slot: _grade_task(ctx, work, recorder, task, slot, settings),
-                          recorder.commit,
-                          probe=gpus.probe_slot, on_failure=recorder.gpu_failure)
+    longest = max((task.estimate_s for task in tasks), default=0.0)
+
+    def grade_task(task: Task, slot: Slot) -> ExerciseResult:  # the longest runs' workers get the cores first
+        nice = niceness(task.estimate_s, longest)
+        return _grade_task(ctx, work, recorder, task, slot, replace(settings, nice=nice))
+
+    scheduler = Scheduler(slots, grade_task, recorder.commit, probe=gpus.probe_slot, on_failure=recorder.gpu_failure)
     try:
         with threads.judging(min(len(tasks), sum(s.capacity for s in slots))):
             outcome = scheduler.run(tasks)

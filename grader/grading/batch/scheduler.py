@@ -89,6 +89,19 @@ def estimate(exercise: Exercise, previous: ExerciseResult | None, history: Mappi
     return statistics.median(seen) if seen else static
 
 
+NICE_SPAN = 10  # the niceness of the shortest work: a nice-10 process weighs a ninth of a nice-0 one in the kernel
+
+
+def niceness(estimate_s: float, longest_s: float) -> int:
+    """The CPU niceness of the workers of a run expected to take ``estimate_s``, in a batch whose longest run is
+    expected to take ``longest_s``: 0 for the longest (its chain of compilations is the batch's critical path),
+    rising in proportion to :data:`NICE_SPAN` for shorter ones. Where the host's cores are all busy, the long runs
+    get them first; where cores are idle, niceness changes nothing. Trusted timers keep niceness 0."""
+    if longest_s <= 0 or estimate_s >= longest_s:
+        return 0
+    return round(NICE_SPAN * (1.0 - max(0.0, estimate_s) / longest_s))
+
+
 def suspicious(result: ExerciseResult) -> bool:
     """Did the run go wrong in a way a failing GPU could explain?"""
     return (result.status in (ERROR, NEEDS_REGRADE) or bool(result.problems)

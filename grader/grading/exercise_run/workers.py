@@ -95,6 +95,8 @@ class Worker:
             argv += ["--memory-mb", str(settings.memory_mb)]
         if gate_fds:
             argv += ["--gate", ",".join(map(str, gate_fds))]
+        if settings.nice > 0:
+            argv += ["--nice", str(settings.nice)]
         if box is not None:
             import grader
 

@@ -127,7 +127,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory-mb", type=int, default=None, help="RLIMIT_AS (omit on CUDA)")
     parser.add_argument("--file-mb", type=int, default=None, help="RLIMIT_FSIZE: largest file it may write")
     parser.add_argument("--gate", default=None, help="R,W: the pipes to the GPU's arbiter (grader.checks.gpu_gate)")
+    parser.add_argument("--nice", type=int, default=0, help="CPU niceness, before anything is imported")
     args = parser.parse_args(argv)
+    if args.nice > 0:
+        os.nice(args.nice)  # every thread and process it starts inherits it
 
     # Limits first, before anything the student controls runs; children inherit them.
     _limit(resource.RLIMIT_CORE, 0)
