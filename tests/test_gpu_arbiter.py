@@ -374,3 +374,36 @@ def test_a_parts_autotuning_turn_ends_before_its_speed_is_recorded(monkeypatch):
     reply = worker._run(p.RunSpeed("r1", "forward", 1.0, None), exercises.get("gelu"), {"forward": None}, "cpu")
     assert isinstance(reply, p.SpeedDone)
     assert turns.turns == 1 and recorded == [(False, 1)]  # recorded after the turn, and no turn of its own
+
+
+def test_the_profile_says_how_long_turns_waited_behind_each_other(monkeypatch):
+    """A turn asked for while another runs waits for it: ``--profile`` counts that wait apart from the (shorter)
+    wait for the others' GPU work before each turn."""
+    from types import SimpleNamespace
+
+    from grader.grading.batch import profiling
+    from grader.grading.exercise_run.slots import Slot
+
+    monkeypatch.setattr(profiling, "gpu_references", SimpleNamespace(of=lambda arbiter: None))
+    slot = Slot("cuda:0", {"kind": "cuda", "name": "fake GPU", "index": 0})
+    first, second = ThreadProcess(slot.arbiter, "first"), ThreadProcess(slot.arbiter, "second")
+    granted = threading.Event()
+
+    def hold() -> None:
+        with first.gate.alone():
+            granted.set()
+            time.sleep(0.5)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    assert granted.wait(10)
+    with second.gate.alone():  # queued behind the first turn
+        pass
+    t.join(10)
+    notes = []
+    progress = SimpleNamespace(started=time.monotonic() - 5.0, done=2, note=notes.append)
+    profiling.report(progress, [slot], submissions=1)
+    line = next(x for x in notes[0].splitlines() if "held alone" in x)
+    queued = float(line.split("for their turn (that wait included) ")[1].split(" s")[0])
+    drained = float(line.split("before them ")[1].split(" s")[0])
+    assert queued >= 0.4 and drained < 0.3, line
