@@ -38,6 +38,18 @@ def generic() -> Iterator[None]:
         _state.generic = previous
 
 
+@contextlib.contextmanager
+def compiling_only() -> Iterator[None]:
+    """Within the block, a Triton kernel called to run is compiled (or found compiled) and not launched, as
+    ``warmup=True`` does: the calls of :mod:`grader.checks.compile_ahead` (this process: every thread)."""
+    previous = getattr(_state, "compiling_only", False)
+    _state.compiling_only = True
+    try:
+        yield
+    finally:
+        _state.compiling_only = previous
+
+
 def install() -> bool:
     """Patch Triton's ``JITFunction.run`` (once per process); False where this Triton's is not the one this module
     knows (then every call specializes, as usual)."""
@@ -64,6 +76,8 @@ def install() -> bool:
                 p.do_not_specialize, p.do_not_specialize_on_alignment = specialize, align
 
     def patched_run(self, *args, **kwargs):
+        if getattr(_state, "compiling_only", False):
+            kwargs["warmup"] = True
         if not getattr(_state, "generic", False) or not hasattr(self, "device_caches"):
             return run(self, *args, **kwargs)
         caches = self.__dict__.get("_grader_generic_caches")

@@ -343,8 +343,10 @@ def run_local(ctx: Context, tasks: list[Task], work: Workspace, options: config.
                         sandbox=run.get("sandbox", ctx.sandbox_note))
     cpu_before, own_before = profiling.host_cpu(), profiling.own_cpu()
     load = grader_load.GraderLoad().start() if options.profile else None
-    # room for more runs than the batch has (one submission, say): each speed measurement in a worker of its own
-    settings = replace(ctx.settings, speed_apart=ctx.device == "cuda" and len(tasks) < sum(s.capacity for s in slots))
+    # room for more runs than the batch has (one submission, say): each speed measurement in a worker of its own,
+    # and each worker's cases compiled at once before they run (the host has cores to spare)
+    room = ctx.device == "cuda" and len(tasks) < sum(s.capacity for s in slots)
+    settings = replace(ctx.settings, speed_apart=room, compile_ahead=room)
     longest = max((task.estimate_s for task in tasks), default=0.0)
 
     def grade_task(task: Task, slot: Slot) -> ExerciseResult:  # the longest runs' workers get the cores first

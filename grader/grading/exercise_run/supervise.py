@@ -19,7 +19,11 @@ malformed message and the exercise's time limit end the run.
 On a GPU every worker is connected to the GPU's arbiter (:mod:`grader.grading.isolation.gpu_arbiter`): the workers share
 the GPU, and one that autotunes asks for it alone, as the trusted timer does for its timed rounds; a worker paused
 meanwhile goes on compiling, and the time it waits for the GPU is added to its limits. A speed item compiles its
-benchmarks' kernels first (``WarmUp``), then autotunes and records them (``RunSpeed``). A worker that
+benchmarks' kernels first (``WarmUp``), then autotunes and records them (``RunSpeed``). With
+``settings.compile_ahead`` (a GPU whose host has cores to spare), a worker is first sent its cases' inputs without
+values (``CompileAhead``: shapes, dtypes and strides) and compiles their kernels at once
+(:mod:`grader.checks.compile_ahead`); a worker that ends meanwhile costs the student nothing: a fresh one runs the
+cases without it, and the exercise's time limit moves on by the time lost. A worker that
 ends, or does not start within a call's limit, before it says hello ran no student code: that is the grader's
 fault (:class:`WorkerStartError`), never the student's.
 """
@@ -33,7 +37,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from grader.checks.spec import Exercise
+from grader.checks import tensors
+from grader.checks.spec import Exercise, Inputs
 from grader.grading.config import RunSettings
 from grader.grading.exercise_run import workers
 from grader.grading.exercise_run.plan import Item
@@ -87,11 +92,21 @@ class WorkerStartError(RuntimeError):
     """The worker ended before it ran anything of the student's: the sandbox or the environment is broken."""
 
 
+class _AheadEnded(Exception):
+    """The worker ended while compiling ahead: a fresh one runs the items, without compiling ahead."""
+
+    def __init__(self, why: str, ended: workers.Ended | None = None):
+        super().__init__(why)
+        self.ended = ended
+
+
 IDLE = "worker idle (waiting for the grader's next request)"
+COMPILING_AHEAD = "compiling ahead (the cases' kernels, at once)"
 CUT_SHORT = "a request cut short, or the exit"  # CPU after a worker's last reply (a crash, a time-out)
 # What a request has a worker run, in the profile's words.
 DOING = {protocol.RunCase: "a case", protocol.RunBadInput: "a bad input", protocol.RunExtra: "an extra check",
-         protocol.WarmUp: "the speed warm-up", protocol.RunSpeed: "the speed recording"}
+         protocol.WarmUp: "the speed warm-up", protocol.RunSpeed: "the speed recording",
+         protocol.CompileAhead: "compiling ahead"}
 
 
 def describe(item: Item | None, exercise: Exercise) -> str:
@@ -115,6 +130,11 @@ def _request(item: Item, references: CaseReferences | None) -> protocol.Request:
     if item.case is None:
         return protocol.RunExtra(item.id, item.part.name, item.role)
     return protocol.RunCase(item.id, item.part.name, inputs(item.case), item.full)
+
+
+def _signature(inputs: Inputs) -> tuple:
+    return tuple((name, (tuple(v.shape), v.stride(), str(v.dtype)) if hasattr(v, "stride") else repr(v))
+                 for name, v in sorted(inputs.items()))
 
 
 def _not_implemented(reply: protocol.ItemReply) -> str | None:
@@ -208,6 +228,7 @@ class _Supervision:
         self.current: Item | None = None  # the item the worker is running
         self.progress = 0  # items the current worker answered
         self.cpu_mark = 0.0  # the current worker's CPU seconds when its last step ended
+        self.ahead = settings.compile_ahead  # compile the cases' kernels at once first
 
     def run(self, remaining: list[Item]) -> Run:
         if self.on_reply is not None:
@@ -239,9 +260,14 @@ class _Supervision:
                 self.upcoming = list(remaining)
                 self._prepare_next()  # the first request, built while the worker starts
                 self._start(worker)
+                self._compile_ahead(worker)
                 self._run_items(worker)
                 remaining = []
                 result.logs.append(workers.log_text(worker.finish(), attempt))
+            except _AheadEnded as ahead:  # the same items, in a fresh worker
+                outcome = ahead.ended.outcome if ahead.ended is not None and ahead.ended.outcome else worker.stop()
+                result.logs.append(f"{workers.log_text(outcome, attempt)}\n[the grader] {ahead}: the worker ended "
+                                   "while compiling ahead; a fresh one ran the checks, without compiling ahead")
             except workers.Ended as ended:
                 remaining = self._after_end(worker, ended, remaining, attempt)
                 attempt += 1
@@ -276,6 +302,41 @@ class _Supervision:
         result.loaded = True
         result.load_errors = dict(loaded.errors)
 
+    def _compile_ahead(self, worker: workers.Worker) -> None:
+        """Have the worker compile the kernels of its upcoming cases, one request per part; raises
+        :class:`_AheadEnded` where the worker ended meanwhile (it is not run again: the student loses nothing, and
+        the exercise's time limit moves on by the time it took)."""
+        if not self.ahead:
+            return
+        for part, signatures in self._signatures().items():
+            request, started = protocol.CompileAhead(f"compile-ahead-{part}", part, signatures), time.monotonic()
+            reply, ended = None, None
+            try:
+                reply = self._ask(worker, request, request.id)
+            except workers.Ended as exc:
+                ended = exc
+            self._spent(worker, COMPILING_AHEAD, started)
+            if ended is not None or self.poisoned or not isinstance(reply, protocol.CompiledAhead | protocol.Raised):
+                self.ahead = False
+                why = f"{part}: {ended.why if ended else self.poisoned[0] if self.poisoned else type(reply).__name__}"
+                self.poisoned.clear()
+                self.deadline += time.monotonic() - started
+                raise _AheadEnded(why, ended)
+
+    def _signatures(self) -> dict[str, list[Inputs]]:
+        """The inputs of the upcoming cases on the meta device (no values), one per distinct signature, per part."""
+        by_part: dict[str, dict[tuple, Inputs]] = {}
+        for item in self.upcoming:
+            if item.case is None or item.role in ("bad_input", "speed") or item.part.name in self.result.load_errors:
+                continue
+            try:
+                with tensors.generated_on("meta"):
+                    inputs = item.part.make_inputs(item.case)
+            except Exception:  # inputs whose building reads values: this case compiles when it runs
+                continue
+            by_part.setdefault(item.part.name, {}).setdefault(_signature(inputs), inputs)
+        return {part: list(signatures.values()) for part, signatures in by_part.items()}
+
     def _run_items(self, worker: workers.Worker) -> None:
         """Run :attr:`upcoming`, one item at a time."""
         result = self.result
@@ -292,7 +353,7 @@ class _Supervision:
             if isinstance(request, protocol.RunSpeed):  # compile every candidate first; then autotune and record
                 self._warm_up(worker, item, sent)
                 sent = time.monotonic()
-            reply = self._ask(worker, request, item)
+            reply = self._ask(worker, request, item.id)
             first_call = item.part.name not in self.first_calls and item.role not in ("bad_input", "speed")
             if item.role != "speed":  # compiles apart, with its warm-up
                 self.first_calls.add(item.part.name)
@@ -314,7 +375,7 @@ class _Supervision:
                                     broken_context=True)
 
     def _warm_up(self, worker: workers.Worker, item: Item, sent: float) -> None:
-        warmed = self._ask(worker, protocol.WarmUp(item.id, item.part.name), item)
+        warmed = self._ask(worker, protocol.WarmUp(item.id, item.part.name), item.id)
         if not isinstance(warmed, protocol.WarmedUp | protocol.Raised | protocol.NotImplementedYet):
             raise workers.Ended(f"the worker sent a malformed result: {type(warmed).__name__} to a warm-up")
         self._spent(worker, "speed: warm-up (compiles)", sent)
@@ -336,8 +397,8 @@ class _Supervision:
     def _crashed(self, item: Item) -> None:
         self.crashes[item.part.name] = self.crashes.get(item.part.name, 0) + 1
 
-    def _ask(self, worker: workers.Worker, request: protocol.Request, item: Item):
-        """Send one request of ``item`` and wait for its reply; the reply's id must be the item's. Time the worker
+    def _ask(self, worker: workers.Worker, request: protocol.Request, item_id: str):
+        """Send one request and wait for its reply; the reply's id must be ``item_id``. Time the worker
         spends waiting for the GPU is not the student's: the limits move on by as much."""
         settings = self.settings
         waited = worker.waited()
@@ -356,9 +417,9 @@ class _Supervision:
                 reply = worker.receive(min(self.deadline, call_deadline), text)
         finally:
             self.deadline += worker.waited() - waited
-        if getattr(reply, "id", None) != item.id:
+        if getattr(reply, "id", None) != item_id:
             raise workers.Ended(f"the worker sent a malformed result: a reply for {getattr(reply, 'id', '?')!r} "
-                                f"while running {item.id!r}")
+                                f"while running {item_id!r}")
         return reply
 
     def _prepare_next(self) -> None:

@@ -6,6 +6,8 @@ The grader sends a :class:`Job`, then one request at a time, and reads one reply
     worker -> Hello                               started, limits set
     grader -> Job                                 which exercise and implementation tree
     worker -> Loaded                              the module imported (or not), per part
+    grader -> CompileAhead                        on a GPU: the shapes of a part's calls to come, no values
+    worker -> CompiledAhead | Raised
     grader -> RunCase | RunBadInput | RunExtra | WarmUp | RunSpeed
     worker -> CaseDone | BadInputDone | ExtraDone | WarmedUp | SpeedDone | NotImplementedYet | Raised
     ...
@@ -16,9 +18,11 @@ A speed item is two requests: ``WarmUp`` (compiles the benchmarks' kernels, shar
 memory access is sticky: every later call would fail) sends ``Poisoned`` before that request's reply, then exits:
 the grader charges the request that broke it and runs the rest in a fresh worker.
 
-Inputs travel as data: the worker never sees a seed or the secret, and learns a case only when it is asked
-to run it. Everything the worker sends is untrusted: :func:`.wire.decode` checks every field's type and raises
-:class:`ProtocolError` for anything else (the run then fails as "the worker sent a malformed result").
+Inputs travel as data: the worker never sees a seed or the secret, and learns a case's values only when it is
+asked to run it (``CompileAhead`` carries the cases' inputs on PyTorch's meta device: shapes, dtypes and strides,
+so that their kernels compile at once, on threads, before the calls run them). Everything the worker sends is
+untrusted: :func:`.wire.decode` checks every field's type and raises :class:`ProtocolError` for anything else (the
+run then fails as "the worker sent a malformed result").
 """
 
 from __future__ import annotations
@@ -84,11 +88,18 @@ class WarmUp:
 
 
 @dataclass(frozen=True)
+class CompileAhead:
+    id: str
+    part: str
+    signatures: list[Inputs]  # each call's inputs, tensors on the meta device (no values)
+
+
+@dataclass(frozen=True)
 class Finish:
     pass
 
 
-Request = Job | RunCase | RunBadInput | RunExtra | WarmUp | RunSpeed | Finish
+Request = Job | RunCase | RunBadInput | RunExtra | WarmUp | RunSpeed | CompileAhead | Finish
 
 # ----------------------------------------------------------------------------------- worker -> grader
 
@@ -140,6 +151,13 @@ class WarmedUp:
 
 
 @dataclass(frozen=True)
+class CompiledAhead:
+    id: str
+    kernels: int  # compilations started
+    error: str | None = None  # the first call that raised (its case will say it again)
+
+
+@dataclass(frozen=True)
 class Poisoned:
     """The CUDA context is broken: the worker exits after the reply that follows."""
 
@@ -162,5 +180,5 @@ class Raised:
 
 
 Reply = (Hello | Loaded | CaseDone | BadInputDone | ExtraDone | WarmedUp | SpeedDone | NotImplementedYet | Raised
-         | Poisoned)
+         | Poisoned | CompiledAhead)
 ItemReply = CaseDone | BadInputDone | ExtraDone | SpeedDone | NotImplementedYet | Raised

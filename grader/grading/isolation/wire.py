@@ -15,6 +15,8 @@ from grader.checks.execute import ERROR_KINDS, BadInputOutcome, Execution
 from grader.grading.isolation.protocol import (
     BadInputDone,
     CaseDone,
+    CompileAhead,
+    CompiledAhead,
     ExtraDone,
     Finish,
     Hello,
@@ -106,6 +108,9 @@ def encode(message: Request | Reply) -> dict[str, Any]:
                     "recheck_inputs": _inputs_data(message.recheck_inputs)}
         case WarmUp():
             return {"type": "warm_up", "id": message.id, "part": message.part}
+        case CompileAhead():
+            return {"type": "compile_ahead", "id": message.id, "part": message.part,
+                    "signatures": [_inputs_data(s) for s in message.signatures]}
         case Finish():
             return {"type": "finish"}
         case Hello():
@@ -131,6 +136,9 @@ def encode(message: Request | Reply) -> dict[str, Any]:
                               else {"not_replayable": str(plan)} for label, plan in m.plans.items()}}
         case WarmedUp():
             return {"type": "warmed_up", "id": message.id, "error": message.error}
+        case CompiledAhead():
+            return {"type": "compiled_ahead", "id": message.id, "kernels": int(message.kernels),
+                    "error": None if message.error is None else str(message.error)}
         case Poisoned():
             return {"type": "poisoned", "why": str(message.why)}
         case NotImplementedYet():
@@ -290,6 +298,10 @@ def decode(data: Any, *, extra_fields: dict[str, dict[str, Any]] | None = None) 
                             _get(data, "budget_s", float, what), _inputs(data.get("recheck_inputs"), what))
         case "warm_up":
             return WarmUp(_get(data, "id", str, what), _get(data, "part", str, what))
+        case "compile_ahead":
+            signatures = _get(data, "signatures", list, what)
+            return CompileAhead(_get(data, "id", str, what), _get(data, "part", str, what),
+                                [_inputs(x, f"{what}: signature {i}") or {} for i, x in enumerate(signatures)])
         case "finish":
             return Finish()
         case "hello":
@@ -326,6 +338,9 @@ def decode(data: Any, *, extra_fields: dict[str, dict[str, Any]] | None = None) 
                 plans=_plans(data.get("plans", {}), what)))
         case "warmed_up":
             return WarmedUp(_get(data, "id", str, what), _get(data, "error", (str, type(None)), what))
+        case "compiled_ahead":
+            return CompiledAhead(_get(data, "id", str, what), _get(data, "kernels", int, what),
+                                 _get(data, "error", (str, type(None)), what))
         case "poisoned":
             return Poisoned(_get(data, "why", str, what))
         case "not_implemented":

@@ -1,0 +1,68 @@
+"""A part's correctness calls compile their kernels at once, on threads, before the calls run (the worker only).
+
+A student's kernels compile once per dtype and constexpr values the cases meet (:mod:`.specialization`), and a
+call that meets a new combination compiles it there, one kernel after another: for FlashAttention most of a
+worker's time. Before its cases, the grader sends the worker their inputs without values (PyTorch's meta device:
+shapes, dtypes and strides). The worker makes zero-filled tensors like them and calls the student's functions on
+them with Triton's kernels compiled and not launched (:func:`specialization.compiling_only`, as ``warmup=True``
+does) inside Triton's asynchronous compilation, so every kernel the calls reach compiles on a thread of its own
+(Triton's compiler leaves Python's lock while it works). The cases then find their kernels compiled.
+
+Nothing here is a check: an exception of the student's code is left for the cases to meet again, and a kernel the
+calls only reach with real values compiles when its case runs, as before. The worker then forgets the choices a
+student's ``@triton.autotune`` made meanwhile (``autotune.forget_untimed``): a candidate that was compiled and not
+run cannot have failed, so the correctness calls choose again, by running them.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from grader.checks import gpu_gate, specialization
+from grader.checks.spec import Inputs, Part
+
+THREADS = 8  # compilations at once in one worker (its process's share of the host's cores is what bounds them)
+
+
+def compile_calls(part: Part, module: ModuleType, signatures: list[Inputs], device: str) -> tuple[int, str | None]:
+    """Compile the kernels ``part``'s calls reach on inputs like ``signatures``; returns the compilations started
+    and the first exception a call raised (None if none did). In Triton's interpreter, where the grader sends no
+    such request, the calls would run their kernels on the zero-filled inputs: nothing compiles there."""
+    if not signatures:
+        return 0, None
+    try:
+        from triton.runtime._async_compile import AsyncCompileMode
+    except ImportError:
+        return 0, "this Triton has no asynchronous compilation"
+    error: str | None = None
+    with concurrent.futures.ThreadPoolExecutor(THREADS, thread_name_prefix="compile-ahead") as threads:
+        compiling = AsyncCompileMode(threads, ignore_errors=True)
+        try:
+            compiling.__enter__()
+        except RuntimeError:  # the student's own asynchronous compilation is under way
+            return 0, "another asynchronous compilation is under way"
+        try:
+            with specialization.generic(), specialization.compiling_only():
+                for signature in signatures:
+                    try:
+                        part.call(module, {name: _like(value, device) for name, value in signature.items()})
+                    except Exception as exc:  # met again, and reported, when its case runs
+                        error = error or f"{type(exc).__name__}: {exc}"
+        finally:
+            started = len(getattr(compiling, "raw_futures", ()))
+            with gpu_gate.current().released():  # waiting for the compiler is not GPU work: nobody waits for it
+                compiling.__exit__(None, None, None)
+    return started, error
+
+
+def _like(value: Any, device: str) -> Any:
+    """A zero-filled tensor on ``device`` with ``value``'s shape, dtype and strides (a meta tensor has no values);
+    anything else as it is."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    like = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=device)
+    return like.zero_() if like.numel() else like
