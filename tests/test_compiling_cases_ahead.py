@@ -37,6 +37,20 @@ def gelu(x):
 '''
 
 
+# The reference, but its first call decides how every later call scales the output: what a student's code keeps
+# from a call (a table filled once, a kernel handle) must come from a case's call, never from a compile-ahead call.
+FIRST_CALL_DECIDES = '''
+
+_reference_gelu = gelu
+_kept = {}
+
+
+def gelu(x):
+    scale = _kept.setdefault("scale", 1.0 if bool(x.any()) else 0.0)
+    return _reference_gelu(x) * scale
+'''
+
+
 def test_the_request_carries_shapes_dtypes_and_strides_and_no_values():
     x = torch.empty(8, 4, dtype=torch.float16, device="meta").t()
     request = protocol.CompileAhead("compile-ahead-forward", "forward", [{"x": x, "scale": 0.5}])
@@ -61,21 +75,24 @@ def _submission(tmp_path: Path, extra: str) -> Path:
     return root
 
 
-@pytest.mark.parametrize("student", ["reference", "exits on zeros"])
+@pytest.mark.parametrize("student", ["reference", "exits on zeros", "first call decides"])
 def test_a_worker_that_ends_while_compiling_ahead_costs_the_student_nothing(tmp_path, student):
     """The reference's cases all pass after the compile-ahead request. A student whose process exits on the
     zero-filled inputs of that request loses nothing: no check fails, no problem is reported, and a fresh worker
-    runs every case (the request is not sent to it again)."""
+    runs every case (the request is not sent to it again). What the request's calls leave in the student's globals
+    never reaches the cases (they call a copy of the module)."""
     settings = replace(config.resolve(config.GradeOptions(random_cases=3, timeout_s=120), config.load_course(),
                                       device="cpu", secret="s", workdir=tmp_path), compile_ahead=True)
     items = [it for it in plan.plan(GELU, device="cpu", secret="s", random_cases=3, speed_budget_s=0.1)
              if it.role in ("example", "random")]
     (tmp_path / "scratch").mkdir()
-    root = _submission(tmp_path, EXITS_ON_ZEROS if student == "exits on zeros" else "")
+    root = _submission(tmp_path, {"exits on zeros": EXITS_ON_ZEROS, "first call decides": FIRST_CALL_DECIDES}
+                       .get(student, ""))
     run = supervise.run(GELU, root, items, settings, scratch=tmp_path / "scratch")
     assert not run.failed and not run.problems, (run.failed, run.problems)
     assert set(run.replies) == {it.id for it in items}
     assert all(isinstance(r, protocol.CaseDone) and r.execution.error is None for r in run.replies.values())
+    assert all(any(bool(out.any()) for out in r.execution.outputs.values()) for r in run.replies.values())
     assert run.profile[supervise.COMPILING_AHEAD] > 0
     ended_ahead = [log for log in run.logs if "ended while compiling ahead" in log]
     assert len(ended_ahead) == (1 if student == "exits on zeros" else 0), run.logs  # for the course staff
@@ -83,29 +100,33 @@ def test_a_worker_that_ends_while_compiling_ahead_costs_the_student_nothing(tmp_
 
 
 @pytest.mark.gpu
-def test_on_a_gpu_the_cases_kernels_compile_ahead_and_the_cases_compile_nothing_more():
-    """The reference GeLU's examples: compiling ahead compiles its kernel once per dtype and block size the cases
-    meet; the cases then run on the kernels compiled ahead (the process's correctness kernel cache does not grow),
-    and pass."""
+def test_on_a_gpu_the_cases_kernels_compile_ahead_and_the_cases_compile_nothing_more(tmp_path, monkeypatch):
+    """As the worker does it: the reference GeLU's examples, compiled ahead through a copy of the module (its kernel
+    once per dtype and block size); the cases then run on the module itself, find every kernel in the Triton cache
+    on disk (no new cubin), and pass."""
     from grader.checks import compile_ahead, execute, loader, specialization, tensors
 
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU: Triton compiles only there (the interpreter has nothing to compile)")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-cache"))
     assert specialization.install()
     part = GELU.part("forward")
     module = loader.load(SOLUTIONS, GELU, part.functions)
+    ahead = loader.load(SOLUTIONS, GELU, part.functions, copy="_compile_ahead")
+    assert ahead is not module and ahead._gelu_kernel is not module._gelu_kernel
     with tensors.generated_on("meta"):
         signatures = [part.make_inputs(case) for case in part.examples]
-    kernels, error = compile_ahead.compile_calls(part, module, signatures, "cuda")
+    kernels, error = compile_ahead.compile_calls(part, ahead, signatures, "cuda")
     dtypes = {str(case["dtype"]) for case in part.examples}
     assert error is None and kernels >= len(dtypes), (kernels, dtypes)  # a kernel per dtype and block size
 
-    def compiled() -> int:
-        return sum(len(caches[0]) for caches in module._gelu_kernel._grader_generic_caches.values())
+    def cubins() -> int:
+        return len(list((tmp_path / "triton-cache").rglob("*.cubin")))
 
-    before = compiled()
+    before = cubins()
+    assert before == kernels
     for case in part.examples:
         with specialization.generic():
             ran = execute.execute(part, module, part.make_inputs(case), "cuda")
         assert ran.error is None and ran.outputs
-    assert compiled() == before == kernels
+    assert cubins() == before

@@ -6,7 +6,10 @@ worker's time. Before its cases, the grader sends the worker their inputs withou
 shapes, dtypes and strides). The worker makes zero-filled tensors like them and calls the student's functions on
 them with Triton's kernels compiled and not launched (:func:`specialization.compiling_only`, as ``warmup=True``
 does) inside Triton's asynchronous compilation, so every kernel the calls reach compiles on a thread of its own
-(Triton's compiler leaves Python's lock while it works). The cases then find their kernels compiled.
+(Triton's compiler leaves Python's lock while it works); a backward pass runs on the calling thread, where that
+compilation is active, not on the autograd engine's. The worker calls a copy of the student's module, with globals
+of its own (:func:`grader.checks.loader.load`'s ``copy``): the cases find the kernels in the student's Triton cache
+on disk, and nothing else the calls leave behind.
 
 Nothing here is a check: an exception of the student's code is left for the cases to meet again, and a kernel the
 calls only reach with real values compiles when its case runs, as before. The worker then forgets the choices a
@@ -35,6 +38,7 @@ def compile_calls(part: Part, module: ModuleType, signatures: list[Inputs], devi
     if not signatures:
         return 0, None
     try:
+        from triton.runtime import _async_compile
         from triton.runtime._async_compile import AsyncCompileMode
     except ImportError:
         return 0, "this Triton has no asynchronous compilation"
@@ -46,7 +50,8 @@ def compile_calls(part: Part, module: ModuleType, signatures: list[Inputs], devi
         except RuntimeError:  # the student's own asynchronous compilation is under way
             return 0, "another asynchronous compilation is under way"
         try:
-            with specialization.generic(), specialization.compiling_only():
+            with (specialization.generic(), specialization.compiling_only(),
+                  torch.autograd.set_multithreading_enabled(False)):
                 for signature in signatures:
                     try:
                         part.call(module, {name: _like(value, device) for name, value in signature.items()})
@@ -54,8 +59,11 @@ def compile_calls(part: Part, module: ModuleType, signatures: list[Inputs], devi
                         error = error or f"{type(exc).__name__}: {exc}"
         finally:
             started = len(getattr(compiling, "raw_futures", ()))
-            with gpu_gate.current().released():  # waiting for the compiler is not GPU work: nobody waits for it
-                compiling.__exit__(None, None, None)
+            try:
+                with gpu_gate.current().released():  # waiting for the compiler is not GPU work: nobody waits
+                    compiling.__exit__(None, None, None)
+            finally:  # some Triton versions leave it set when a compilation raised a BaseException
+                _async_compile.active_mode.set(None)
     return started, error
 
 

@@ -40,14 +40,16 @@ def module_path(root: str | os.PathLike, exercise: Exercise) -> Path:
     return Path(root) / exercise.name / f"{exercise.module}.py"
 
 
-def load(root: str | os.PathLike, exercise: Exercise, functions: tuple[str, ...] = ()) -> ModuleType:
+def load(root: str | os.PathLike, exercise: Exercise, functions: tuple[str, ...] = (), *,
+         copy: str = "") -> ModuleType:
     """Import ``<root>/<exercise>/<module>.py`` under a name unique to ``root`` (so ``assignments``
-    and ``solutions`` can be loaded side by side) and check it defines ``functions``."""
+    and ``solutions`` can be loaded side by side) and check it defines ``functions``. ``copy`` names another
+    instance of the module, with globals (and kernel objects) of its own."""
     path = module_path(root, exercise).resolve()
     if not path.is_file():
         raise LoadError("missing", f"{exercise.name}: no file {path} (not submitted)")
     digest = hashlib.sha1(str(path.parent.parent).encode()).hexdigest()[:10]
-    name = f"_grader_impl_{digest}.{exercise.name}.{exercise.module}"
+    name = f"_grader_impl_{digest}{copy}.{exercise.name}.{exercise.module}"
     module = sys.modules.get(name)
     if module is None:
         source = path.read_bytes()

@@ -30,24 +30,26 @@ _installed = False
 def generic() -> Iterator[None]:
     """Run the block's Triton kernels without integer and alignment specialization (this process: a backward pass
     on the autograd engine's thread too)."""
-    previous = getattr(_state, "generic", False)
-    _state.generic = True
-    try:
+    with _mode("generic"):
         yield
-    finally:
-        _state.generic = previous
 
 
 @contextlib.contextmanager
 def compiling_only() -> Iterator[None]:
     """Within the block, a Triton kernel called to run is compiled (or found compiled) and not launched, as
     ``warmup=True`` does: the calls of :mod:`grader.checks.compile_ahead` (this process: every thread)."""
-    previous = getattr(_state, "compiling_only", False)
-    _state.compiling_only = True
+    with _mode("compiling_only"):
+        yield
+
+
+@contextlib.contextmanager
+def _mode(name: str) -> Iterator[None]:
+    previous = getattr(_state, name, False)
+    setattr(_state, name, True)
     try:
         yield
     finally:
-        _state.compiling_only = previous
+        setattr(_state, name, previous)
 
 
 def install() -> bool:

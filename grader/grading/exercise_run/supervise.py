@@ -252,6 +252,7 @@ class _Supervision:
                 for it in remaining:
                     result.failed.setdefault(it.id, f"not run: the {settings.timeout_s:g} s time limit was used up")
                 break
+            born, deadline_then = time.monotonic(), self.deadline
             worker = workers.Worker(settings, self.root, self.scratch, self.cache_dir, self.extra_fields,
                                     self.arbiter)
             self.poisoned.clear()
@@ -264,7 +265,8 @@ class _Supervision:
                 self._run_items(worker)
                 remaining = []
                 result.logs.append(workers.log_text(worker.finish(), attempt))
-            except _AheadEnded as ahead:  # the same items, in a fresh worker
+            except _AheadEnded as ahead:  # the same items, in a fresh worker; its whole life is not the student's
+                self.deadline = deadline_then + (time.monotonic() - born)
                 outcome = ahead.ended.outcome if ahead.ended is not None and ahead.ended.outcome else worker.stop()
                 result.logs.append(f"{workers.log_text(outcome, attempt)}\n[the grader] {ahead}: the worker ended "
                                    "while compiling ahead; a fresh one ran the checks, without compiling ahead")
@@ -305,7 +307,7 @@ class _Supervision:
     def _compile_ahead(self, worker: workers.Worker) -> None:
         """Have the worker compile the kernels of its upcoming cases, one request per part; raises
         :class:`_AheadEnded` where the worker ended meanwhile (it is not run again: the student loses nothing, and
-        the exercise's time limit moves on by the time it took)."""
+        the exercise's time limit moves on by the worker's whole life)."""
         if not self.ahead:
             return
         for part, signatures in self._signatures().items():
@@ -314,13 +316,14 @@ class _Supervision:
             try:
                 reply = self._ask(worker, request, request.id)
             except workers.Ended as exc:
+                if "malformed" in exc.why:  # as for any other request: the run ends
+                    raise
                 ended = exc
             self._spent(worker, COMPILING_AHEAD, started)
             if ended is not None or self.poisoned or not isinstance(reply, protocol.CompiledAhead | protocol.Raised):
                 self.ahead = False
                 why = f"{part}: {ended.why if ended else self.poisoned[0] if self.poisoned else type(reply).__name__}"
                 self.poisoned.clear()
-                self.deadline += time.monotonic() - started
                 raise _AheadEnded(why, ended)
 
     def _signatures(self) -> dict[str, list[Inputs]]:

@@ -70,7 +70,7 @@ class _Watchdog:
             self._waiting_since = None
 
 
-def _run(request, exercise, modules: dict, device: str):
+def _run(request, exercise, modules: dict, device: str, root: str = ""):
     """One request's reply. Exceptions of the student's code are results (check.execute records them);
     NotImplementedError from a call that must raise or an extra check means "not written yet"."""
     from grader.checks import execute, specialization
@@ -81,10 +81,14 @@ def _run(request, exercise, modules: dict, device: str):
     module = modules[part.name]
     match request:
         case p.CompileAhead():
-            from grader.checks import compile_ahead
+            from grader.checks import compile_ahead, loader
 
+            # A copy of the module of its own: what the calls leave in the student's globals (a table filled by a
+            # kernel that did not run, a kernel handle kept) never reaches the cases, which find the kernels in
+            # the student's Triton cache on disk.
+            ahead = loader.load(root, exercise, part.functions, copy="_compile_ahead")
             try:
-                kernels, error = compile_ahead.compile_calls(part, module, request.signatures, device)
+                kernels, error = compile_ahead.compile_calls(part, ahead, request.signatures, device)
             finally:
                 autotune.forget_untimed()  # chosen without running a candidate: the cases choose again
             return p.CompiledAhead(request.id, kernels, error)
@@ -209,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
             watchdog.arm(limit)
         try:
             with gate.use():
-                reply = _run(request, exercise, modules, job.device)
+                reply = _run(request, exercise, modules, job.device, job.root)
         except BaseException as exc:  # the student's SystemExit, KeyboardInterrupt, ... is a result too
             reply = p.Raised(request.id, _describe(exc))
         finally:
