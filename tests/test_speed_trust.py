@@ -290,3 +290,54 @@ def test_a_slow_parts_report_names_the_kernels_its_call_launched():
     assert unrecorded.rows[0].launches is None and "launches" not in unrecorded.rows[0].to_dict()
     assert "reference_launches" not in unrecorded.rows[0].to_dict()
     assert credit.launch_list(["a", "b", "a"]) == "3 kernels (a ×2, b)"
+
+
+@pytest.mark.parametrize("cached", [False, True], ids=["computes every call", "replays its first result"])
+def test_the_recheck_is_judged_when_the_recording_comes_not_after_the_timing(monkeypatch, cached):
+    """The speed measurement's call on fresh inputs (the recheck) is judged as soon as the worker's recording comes,
+    while the trusted timer prepares: its float64 reference is computed then, once, and the timed measurement's
+    verdict uses it — a kernel that returns a cached result on the fresh inputs is still flagged."""
+    from grader.checks.execute import execute
+    from grader.checks.spec import Benchmark, Case, Exercise, Part, Tolerances
+    from tests.plans import toy_plan
+
+    case = Case({"n": 256, "dtype": "float32"})
+    computed: list[int] = []
+
+    def reference(inputs):
+        computed.append(inputs["x"].numel())
+        return {"y": inputs["x"].double() * 2}
+
+    part = Part(name="forward", functions=("double",),
+                make_inputs=lambda c: {"x": torch.randn(c["n"], generator=torch.Generator().manual_seed(c.seed))},
+                call=lambda module, inputs: {"y": module.double(inputs["x"])}, reference=reference,
+                cases=lambda device: None, examples=(case,), tolerances=Tolerances((torch.float32, 1e-6, 1e-6)),
+                benchmarks=(Benchmark("n256", case, bytes_moved=lambda i: 8.0 * i["x"].numel()),),
+                baselines={"torch": lambda i: {"y": i["x"] * 2}}, speed_baseline="torch", speed_points=5)
+    toy = Exercise("toy", "toy", "Toy", (part,))
+    item = next(it for it in plan.plan(toy, device="cuda", secret="s", random_cases=0, speed_budget_s=1.0)
+                if it.role == "speed")
+    first = part.make_inputs(case)["x"] * 2
+    module = type("Module", (), {"double": staticmethod(lambda x: first if cached else x * 2)})
+    request = protocol.RunSpeed(item.id, "forward", 1.0, part.make_inputs(item.recheck))
+    recheck = execute(part, module, request.recheck_inputs, "cpu")
+    recorded = SpeedMeasurement(H100, [BenchmarkTiming("n256", warmup_s=0.5)], recheck=recheck,
+                                plans={"n256": toy_plan()})
+    judge = ExerciseJudge(toy, device="cpu", student_dir="/nowhere")
+    judge.on_recorded(item, request, protocol.SpeedDone(item.id, recorded))
+    assert computed == [256], "the recheck's reference was not computed when the recording came"
+    assert judge.profile["speed: judging the recheck, before the timing"] >= 0
+    # the trusted timer's row, then the timed measurement judged
+    recorded.benchmarks = [BenchmarkTiming("n256", {STUDENT: _stats(0.1), "torch": _stats(0.1)}, "events",
+                                           "converged", 20)]
+    thresholds = Thresholds(H100, {("toy", "forward", "n256"): Threshold("torch", 0.1, 0.1, 0.9, 0.5)})
+    monkeypatch.setattr(credit, "load_thresholds", lambda gpu=None: thresholds)
+    judge.on_reply(item, request, protocol.SpeedDone(item.id, recorded))
+    state = judge.parts["forward"]
+    assert computed == [256], "the recheck was judged again after the timing"
+    assert state.errors == []
+    if cached:
+        assert "speed-recheck" in state.flags and "on fresh inputs after the timed runs" in state.speed.message
+        assert state.speed.fraction == 0.0
+    else:
+        assert state.flags == {} and state.speed.status == "measured" and state.speed.fraction == 1.0

@@ -10,7 +10,6 @@ import dataclasses
 import json
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -348,32 +347,51 @@ def test_a_crash_while_preparing_a_later_part_is_charged_to_it_and_the_earlier_p
     assert second.benchmarks[0].label == "b"
 
 
-def test_the_timer_gets_its_jobs_once_the_speed_groups_end_while_the_other_groups_still_run():
-    """An exercise's worker groups run side by side; the runs of those that measure speed go to the timer (to
-    prepare) as soon as those have all ended, not when the slowest group of correctness checks ends."""
+def test_the_timer_gets_its_jobs_as_soon_as_every_speed_item_has_recorded(monkeypatch):
+    """An exercise's worker groups run side by side; the timer gets every part's recording to prepare as soon as
+    the last one comes (before its worker has even ended, while a correctness group still runs), once, in the
+    order the merged run will list them; a speed group that ends without a recording does not hold the others
+    back. Each recording's recheck is then judged."""
     from types import SimpleNamespace
 
-    from grader.grading.exercise_run import runner, supervise
+    from grader.grading.exercise_run import runner
 
-    told = threading.Event()
-    order: list[str] = []
-    groups = [[SimpleNamespace(kind="speed", name="a")], [SimpleNamespace(kind="case", name="b")],
-              [SimpleNamespace(kind="speed", name="c")]]
+    prepared: list[list[str]] = []
+    monkeypatch.setattr(timer_process, "prepare_parts",
+                        lambda exercise, parts, timer: prepared.append([p.part for p in parts]))
+    rechecked: list[str] = []
+    judge = SimpleNamespace(on_recorded=lambda item, request, reply: rechecked.append(item.id))
 
-    def run_group(group):
-        if group[0].kind == "case":
-            assert told.wait(10), "the correctness group ended before the timer was told"
-        order.append(group[0].name)
-        return supervise.Run(logs=[group[0].name])
+    def item(name, kind):
+        return SimpleNamespace(id=name, kind=kind, skip_reason=None, part=SimpleNamespace(name=name), budget_s=1.0)
 
-    def speed_recorded(runs):
-        order.append("timer")
-        assert [r.logs for r in runs] == [["a"], ["c"]]
-        told.set()
+    def recording(it):
+        return it, None, SimpleNamespace(measurement=SpeedMeasurement("GPU", []))
 
-    runs = runner._side_by_side(groups, run_group, speed_recorded)
-    assert [r.logs for r in runs] == [["a"], ["b"], ["c"]]  # in the groups' order
-    assert order.index("timer") < order.index("b")
+    a, b, c = item("a", "speed"), item("b", "case"), item("c", "speed")
+    recorded = runner._Recorded([[a], [b], [c]], timer=object(), exercise="toy", judge=judge)
+    recorded.add(*recording(c))
+    assert prepared == []  # a has not recorded yet
+    recorded.add(*recording(a))
+    assert prepared == [["a", "c"]]  # the groups' order, whatever order they came in
+    recorded.ended([a])
+    recorded.ended([c])
+    recorded.ended([b])
+    assert prepared == [["a", "c"]] and rechecked == ["c", "a"]
+
+    prepared.clear()
+    recorded = runner._Recorded([[a], [b], [c]], timer=object(), exercise="toy", judge=judge)
+    recorded.add(*recording(a))
+    recorded.ended([a])
+    assert prepared == []
+    recorded.ended([c])  # crashed before recording: the timer gets what there is
+    assert prepared == [["a"]]
+
+    prepared.clear()
+    recorded = runner._Recorded([[a], [c]], timer=None, exercise="toy", judge=judge)  # no timer (on the CPU)
+    recorded.add(*recording(a))
+    recorded.add(*recording(c))
+    assert prepared == []
 
 
 def test_a_replay_that_hangs_while_the_timer_prepares_is_stopped_and_charged_to_its_benchmark(tmp_path, monkeypatch):

@@ -16,6 +16,8 @@ ran cleanly, the kernel rule is judged on a correctness call that did. Any flag 
 from __future__ import annotations
 
 import hashlib
+import threading
+import time
 import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -46,6 +48,7 @@ from grader.grading.results.results import (
 )
 from grader.speed import credit, thresholds
 
+RECHECK_STEP = "speed: judging the recheck, before the timing"  # --profile
 GRADER_FAULT = ("the grader failed while judging this check — a fault of the grader, not of your code; "
                 "it is not scored and will be regraded")
 
@@ -86,6 +89,7 @@ class _PartState:
     integrity_ran: bool = False
     first_ok: tuple[Case, Inputs, Execution] | None = None  # a correctness call that returned
     speed: SpeedResult | None = None
+    rechecks: dict[str, verdicts.Verdict] = field(default_factory=dict)  # speed item -> its recheck, judged early
     errors: list[GraderError] = field(default_factory=list)
 
     def flag(self, flag: integrity.Flag, case: Case | None = None, *, scope: str = "part") -> None:
@@ -108,6 +112,7 @@ class ExerciseJudge:
         self.gpu_name = gpu_name
         self.parts = {p.name: _PartState() for p in exercise.parts}
         self.profile: dict[str, float] = {}  # the worker's own breakdown of speed time (grader grade --profile)
+        self._lock = threading.Lock()  # on_recorded runs on the judging threads of several worker groups
 
     # ------------------------------------------------------------------------------ one reply
 
@@ -123,6 +128,21 @@ class ExerciseJudge:
                 state.speed = SpeedResult(NEEDS_REGRADE, f"speed: {GRADER_FAULT}")
         if result is not None:
             state.checks[item.id] = result
+
+    def on_recorded(self, item: Item, request: protocol.Request, reply: protocol.ItemReply) -> None:
+        """A speed measurement as the worker recorded it, before the trusted timer times it: its recheck (the call
+        on fresh inputs after the recording) is judged now, while the student's other workers still run, not after
+        the timed rounds; :meth:`on_reply` with the timed measurement uses that verdict."""
+        state = self.parts[item.part.name]
+        if not isinstance(reply, protocol.SpeedDone) or reply.measurement.recheck is None:
+            return
+        start = time.monotonic()
+        try:
+            state.rechecks[item.id] = self._recheck(item, request, reply.measurement)
+        except Exception:  # judged again, and its fault reported, with the timed measurement
+            pass
+        with self._lock:
+            self.profile[RECHECK_STEP] = self.profile.get(RECHECK_STEP, 0.0) + time.monotonic() - start
 
     def _judge(self, item: Item, request, reply, state: _PartState) -> CheckResult | None:
         part, case = item.part, item.case
@@ -193,12 +213,8 @@ class ExerciseJudge:
                 self.profile[step] = self.profile.get(step, 0.0) + seconds
         recheck = verdicts.Verdict(True)
         if measurement.recheck is not None:
-            assert item.recheck is not None
-            inputs = request.recheck_inputs or {}
-            verdict = verdicts.correctness(part, item.recheck, inputs, measurement.recheck, self.device,
-                                           reference=self._reference(part, item.recheck, inputs))
-            if not verdict.passed:
-                recheck = verdicts.Verdict(False, "on fresh inputs after the timed runs, " + verdict.message)
+            recheck = state.rechecks.pop(item.id, None) or self._recheck(item, request, measurement)
+            if not recheck.passed:
                 state.flag(integrity.Flag("speed-recheck", "results must be computed on every call, not cached or "
                                           "replayed — " + recheck.message))
         try:
@@ -211,6 +227,16 @@ class ExerciseJudge:
             state.flag(integrity.Flag(rule, message), scope="speed")
         return SpeedResult(verdict.status, verdict.message, verdict.fraction, verdict.rows, verdict.calibrated,
                            verdict.roofline)
+
+    def _recheck(self, item: Item, request, measurement) -> verdicts.Verdict:
+        """The verdict on the speed measurement's call on fresh inputs after its recorded runs."""
+        assert item.recheck is not None and isinstance(request, protocol.RunSpeed)
+        inputs = request.recheck_inputs or {}
+        verdict = verdicts.correctness(item.part, item.recheck, inputs, measurement.recheck, self.device,
+                                       reference=self._reference(item.part, item.recheck, inputs))
+        if verdict.passed:
+            return verdicts.Verdict(True)
+        return verdicts.Verdict(False, "on fresh inputs after the timed runs, " + verdict.message)
 
     # ------------------------------------------------------------------------------ assemble
 

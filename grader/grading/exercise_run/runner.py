@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -35,6 +36,7 @@ from grader.grading.results.results import (
 from grader.speed import credit, workload
 
 TIMER_STEP = "speed: trusted timer"
+CREDIT_STEP = "speed: judging the timed runs"
 
 
 def grade_exercise(exercise: Exercise, root: Path, *, settings: RunSettings, scratch: Path,
@@ -78,36 +80,33 @@ def grade_exercise(exercise: Exercise, root: Path, *, settings: RunSettings, scr
 
         walls: dict[str, float] = {}  # each group's wall time: the longest is the exercise's critical path (--profile)
 
+        timer = _timer_ahead(settings, scratch, arbiter) if timed and settings.device == "cuda" else None
+        recorded = _Recorded(groups, timer, exercise.name, judge)
+
         def run_group(group: list) -> supervise.Run:
             began = time.monotonic()
             try:
                 return supervise.run(exercise, root, group, settings, scratch=scratch, cache_dir=cache_dir,
-                                     on_reply=judge.on_reply, arbiter=arbiter, defer_speed=True, references=refs)
+                                     on_reply=judge.on_reply, arbiter=arbiter, defer_speed=True, references=refs,
+                                     on_recorded=recorded.add)
             finally:
                 walls[_group_name(group)] = time.monotonic() - began
-
-        timer = _timer_ahead(settings, scratch, arbiter) if timed and settings.device == "cuda" else None
-
-        def prepare_timer(runs: list[supervise.Run]) -> None:  # every speed measurement recorded
-            to_time = [entry for r in runs for entry in r.to_time]
-            if timer is not None and to_time:
-                try:
-                    timer_process.prepare_parts(exercise.name, _part_timings(to_time), timer)
-                except Exception:  # the timer then gets its jobs when every worker has ended, as unprepared
-                    pass
+                recorded.ended(group)
 
         try:
             if len(groups) == 1:
                 run = run_group(groups[0])
             else:  # each group in workers of its own, side by side: the exercise takes as long as the longest
-                run = supervise.Run.merged(_side_by_side(groups, run_group, prepare_timer))
+                run = supervise.Run.merged(_side_by_side(groups, run_group))
             if run.to_time:  # every process of the student's has ended: one trusted timer times every part
                 timing = time.monotonic()
                 cpu = _time_speed(exercise, settings, run.to_time, scratch=scratch, arbiter=arbiter, timer=timer)
                 run.add_time(TIMER_STEP, time.monotonic() - timing)
                 run.add_cpu(TIMER_STEP, cpu)
+                judging = time.monotonic()
                 for item, request, reply in run.to_time:
                     judge.on_reply(item, request, reply)
+                run.add_time(CREDIT_STEP, time.monotonic() - judging)
         finally:
             if timer is not None:
                 timer.close()
@@ -154,21 +153,49 @@ def _groups(items: list, settings: RunSettings) -> list[list]:
     return list(groups.values())
 
 
-def _side_by_side(groups: list[list], run_group: Callable[[list], supervise.Run],
-                  speed_recorded: Callable[[list[supervise.Run]], None]) -> list[supervise.Run]:
-    """Each group in workers of its own, at once; their runs, in the groups' order. ``speed_recorded`` gets the runs
-    of the groups that measure speed as soon as they have all ended, while other groups may still run (the trusted
-    timer prepares the replays meanwhile)."""
+def _side_by_side(groups: list[list], run_group: Callable[[list], supervise.Run]) -> list[supervise.Run]:
+    """Each group in workers of its own, at once; their runs, in the groups' order."""
     with concurrent.futures.ThreadPoolExecutor(len(groups), thread_name_prefix="part") as pool:
-        futures = [pool.submit(run_group, group) for group in groups]
-        measuring = [f for f, group in zip(futures, groups) if any(item.kind == "speed" for item in group)]
-        waiting = set(measuring)
-        for future in concurrent.futures.as_completed(futures):
-            if future in waiting:
-                waiting.discard(future)
-                if not waiting and all(f.exception() is None for f in measuring):
-                    speed_recorded([f.result() for f in measuring])
-        return [f.result() for f in futures]
+        return list(pool.map(run_group, groups))
+
+
+class _Recorded:
+    """The exercise's speed measurements as the workers record them (on their groups' judging threads). Once
+    every speed item has one (or its group has ended without), the trusted timer gets them to load and validate,
+    while the student's other workers may still run; then each recording's recheck is judged
+    (:meth:`ExerciseJudge.on_recorded`), the timer preparing meanwhile."""
+
+    def __init__(self, groups: list[list], timer: timer_process.Timer | None, exercise: str, judge: ExerciseJudge):
+        ordered = [item for group in groups for item in group]  # Run.merged's order: the timer's jobs must match
+        self.order = {item.id: k for k, item in enumerate(ordered)}
+        self.waiting = {item.id for item in ordered if item.kind == "speed" and item.skip_reason is None}
+        self.timer, self.exercise, self.judge = timer, exercise, judge
+        self.entries: dict[str, tuple] = {}
+        self.prepared = False
+        self.lock = threading.Lock()
+
+    def add(self, item, request, reply) -> None:
+        """``item``'s recording, as it comes."""
+        with self.lock:
+            self.entries[item.id] = (item, request, reply)
+        self._done({item.id})
+        self.judge.on_recorded(item, request, reply)
+
+    def ended(self, group: list) -> None:
+        """``group``'s workers have ended: its speed items that recorded nothing never will."""
+        self._done({item.id for item in group})
+
+    def _done(self, ids: set[str]) -> None:
+        with self.lock:
+            self.waiting -= ids
+            if self.waiting or self.prepared or not self.entries or self.timer is None:
+                return
+            self.prepared = True
+            to_time = sorted(self.entries.values(), key=lambda entry: self.order[entry[0].id])
+        try:
+            timer_process.prepare_parts(self.exercise, _part_timings(to_time), self.timer)
+        except Exception:  # the timer then gets its jobs when every worker has ended, as unprepared
+            pass
 
 
 def _group_name(group: list) -> str:

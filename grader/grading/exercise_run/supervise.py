@@ -149,16 +149,19 @@ def run(exercise: Exercise, root: Path, items: list[Item], settings: RunSettings
         cache_dir: Path | None = None,
         on_reply: Callable[[Item, protocol.Request, protocol.ItemReply], None] | None = None,
         arbiter: GpuArbiter | None = None,
-        defer_speed: bool = False, references: CaseReferences | None = None) -> Run:
+        defer_speed: bool = False, references: CaseReferences | None = None,
+        on_recorded: Callable[[Item, protocol.Request, protocol.ItemReply], None] | None = None) -> Run:
     """Run ``items`` (the skipped ones excepted) and return every reply, or why there is none. ``on_reply``
     sees each item's request and reply, in order, on a thread of its own while the worker runs the next items.
     ``arbiter``: the GPU's, when exercise runs share it (each worker is connected to it; time a worker waits for
     the GPU is added to its limits).
     ``defer_speed``: a speed item's reply (its recorded launches) is not given to ``on_reply`` but kept in
-    :attr:`Run.to_time`, for the trusted timer to time once every worker of the student's has ended.
+    :attr:`Run.to_time`, for the trusted timer to time once every worker of the student's has ended; it is given to
+    ``on_recorded`` instead, on ``on_reply``'s thread (what can be judged before the timing is judged meanwhile).
     ``references``: where the cases' inputs come from (the batch's store)."""
     supervision = _Supervision(exercise, root, settings, scratch=scratch, cache_dir=cache_dir, on_reply=on_reply,
-                               arbiter=arbiter, defer_speed=defer_speed, references=references, items=items)
+                               arbiter=arbiter, defer_speed=defer_speed, references=references, items=items,
+                               on_recorded=on_recorded)
     return supervision.run([it for it in items if it.skip_reason is None])
 
 
@@ -177,9 +180,11 @@ class _Judging:
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
 
-    def put(self, item: Item, request: protocol.Request, reply: protocol.ItemReply) -> None:
+    def put(self, item: Item, request: protocol.Request, reply: protocol.ItemReply, *,
+            judge: Callable[[Item, protocol.Request, protocol.ItemReply], None] | None = None) -> None:
+        """Judge ``reply`` with ``judge`` (``on_reply`` by default) after the replies given before it."""
         self._raise()
-        self._queue.put((item, request, reply))
+        self._queue.put((judge or self.on_reply, item, request, reply))
 
     def close(self) -> None:
         """Wait until every reply given so far is judged; raise the first fault of the judging, if any."""
@@ -197,8 +202,9 @@ class _Judging:
             if self._error is not None:
                 continue  # the run ends with the fault: the rest is not judged
             start = time.monotonic()
+            judge, *reply = entry
             try:
-                self.on_reply(*entry)
+                judge(*reply)
             except BaseException as exc:
                 self._error = exc
             self.seconds += time.monotonic() - start
@@ -209,10 +215,10 @@ class _Supervision:
 
     def __init__(self, exercise: Exercise, root: Path, settings: RunSettings, *, scratch: Path,
                  cache_dir: Path | None, on_reply, arbiter: GpuArbiter | None, defer_speed: bool,
-                 references: CaseReferences | None, items: list[Item]):
+                 references: CaseReferences | None, items: list[Item], on_recorded=None):
         self.exercise, self.root, self.settings = exercise, root, settings
         self.scratch, self.cache_dir, self.on_reply, self.arbiter = scratch, cache_dir, on_reply, arbiter
-        self.defer_speed, self.references = defer_speed, references
+        self.defer_speed, self.references, self.on_recorded = defer_speed, references, on_recorded
         self.result = Run()
         self.deadline = time.monotonic() + settings.timeout_s
         self.extra_fields = {it.id: dict(x.fields) for it in items for x in it.part.extra_checks if x.name == it.role}
@@ -369,6 +375,8 @@ class _Supervision:
                 self.not_implemented.setdefault(item.part.missing_key, message)
             if self.defer_speed and isinstance(reply, protocol.SpeedDone):
                 result.to_time.append((item, request, reply))
+                if self.judging is not None and self.on_recorded is not None:
+                    self.judging.put(item, request, reply, judge=self.on_recorded)
             elif self.judging is not None:
                 self.judging.put(item, request, reply)
             if self.poisoned:  # the worker exits: the next items run in a fresh one
