@@ -57,6 +57,18 @@ def values(shape: tuple[int, ...], kind: str, g: torch.Generator) -> torch.Tenso
     raise ValueError(f"unknown value kind {kind!r}")
 
 
+def times(x: torch.Tensor, factor: float) -> torch.Tensor:
+    """``x * factor``; on the meta device ``x`` itself (the same shape, dtype and strides): PyTorch's meta kernels
+    for arithmetic are Python references whose first call imports ``torch._dynamo``, seconds of the grader's one
+    interpreter while its runs start."""
+    return x if x.is_meta else x * factor
+
+
+def over(x: torch.Tensor, divisor: float) -> torch.Tensor:
+    """``x / divisor``; on the meta device ``x`` itself (see :func:`times`)."""
+    return x if x.is_meta else x / divisor
+
+
 def layout_view(data: torch.Tensor, layout: str) -> torch.Tensor:
     """A view of a fresh buffer with ``data``'s values and the requested memory layout."""
     shape = tuple(data.shape)

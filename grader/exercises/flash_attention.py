@@ -39,7 +39,7 @@ def _qkv(case: Case, g: torch.Generator) -> dict:
     shapes = {"q": (*lead, nq, d), "k": (*lead, nk, d), "v": (*lead, nk, d)}
     out = {}
     for name, shape in shapes.items():
-        data = tensors.values(shape, "normal", g) * (mag if name != "v" else 1.0)
+        data = tensors.times(tensors.values(shape, "normal", g), mag if name != "v" else 1.0)
         out[name] = tensors.layout_view(data.to(case.dtype), case["layout"])
     return out
 
@@ -104,14 +104,18 @@ def make_autograd_inputs(case: Case) -> dict:
     rms = {n: 1.0 if inputs[n].is_meta else float(inputs[n].double().square().mean().sqrt())  # meta: no values
            for n in ("q", "k", "v")}
     term = _scale(inputs) * case["d"] ** 0.5 * rms["v"] * max(rms["q"], rms["k"])
-    do = tensors.values((*tuple(case["lead"]), case["nq"], case["d"]), "normal", g) / term
+    do = tensors.over(tensors.values((*tuple(case["lead"]), case["nq"], case["d"]), "normal", g), term)
     return {**inputs, "do": tensors.layout_view(do.to(case.dtype), case["layout"])}
 
 
 def make_backward_inputs(case: Case) -> dict:
     """q, k, v, do plus the exact forward outputs, rounded as a correct forward would return them."""
     inputs = make_autograd_inputs(case)
-    o, lse = attention64(inputs["q"], inputs["k"], inputs["v"], inputs["causal"], _scale(inputs))
+    q, v = inputs["q"], inputs["v"]
+    if q.is_meta:  # no values (tensors.generated_on): the outputs' shapes, dtypes and strides, as computed below
+        o, lse = q.new_empty((*q.shape[:-1], v.shape[-1])), q.new_empty(q.shape[:-1])
+    else:
+        o, lse = attention64(q, inputs["k"], v, inputs["causal"], _scale(inputs))
     return {**inputs, "o": o.to(case.dtype), "lse": lse.to(torch.float32)}
 
 

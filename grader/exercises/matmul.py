@@ -27,7 +27,7 @@ def make_inputs(case: Case) -> dict:
     g = tensors.generator(case.seed)
     M, N, K = case["M"], case["N"], case["K"]
     a = tensors.values((M, K), "normal", g)
-    b = tensors.values((K, N), "normal", g) / math.sqrt(K)
+    b = tensors.over(tensors.values((K, N), "normal", g), math.sqrt(K))
     return {
         "a": tensors.layout_view(a.to(case.dtype), case["layout_a"]),
         "b": tensors.layout_view(b.to(case.dtype), case["layout_b"]),

@@ -35,7 +35,7 @@ def make_inputs(case: Case) -> dict:
 def make_backward_inputs(case: Case) -> dict:
     inputs = make_inputs(case)
     g = tensors.generator(case.seed ^ 0x5EED)
-    dy = tensors.values(case["shape"], "normal", g) * DY_SCALE[case["values"]]
+    dy = tensors.times(tensors.values(case["shape"], "normal", g), DY_SCALE[case["values"]])
     return {**inputs, "dy": dy.to(case.dtype)}
 
 
