@@ -349,9 +349,9 @@ def test_a_crash_while_preparing_a_later_part_is_charged_to_it_and_the_earlier_p
 
 def test_the_timer_gets_its_jobs_as_soon_as_every_speed_item_has_recorded(monkeypatch):
     """An exercise's worker groups run side by side; the timer gets every part's recording to prepare as soon as
-    the last one comes (before its worker has even ended, while a correctness group still runs), once, in the
-    order the merged run will list them; a speed group that ends without a recording does not hold the others
-    back. Each recording's recheck is then judged."""
+    the last speed item has its reply (before its worker has even ended, while a correctness group still runs),
+    once, in the order the merged run will list them; a speed item that answers without a recording, or whose
+    group ends without its reply, does not hold the others back. Each reply then goes to the judge."""
     from types import SimpleNamespace
 
     from grader.grading.exercise_run import runner
@@ -366,7 +366,7 @@ def test_the_timer_gets_its_jobs_as_soon_as_every_speed_item_has_recorded(monkey
         return SimpleNamespace(id=name, kind=kind, skip_reason=None, part=SimpleNamespace(name=name), budget_s=1.0)
 
     def recording(it):
-        return it, None, SimpleNamespace(measurement=SpeedMeasurement("GPU", []))
+        return it, None, protocol.SpeedDone(it.id, SpeedMeasurement("GPU", []))
 
     a, b, c = item("a", "speed"), item("b", "case"), item("c", "speed")
     recorded = runner._Recorded([[a], [b], [c]], timer=object(), exercise="toy", judge=judge)
@@ -388,12 +388,83 @@ def test_the_timer_gets_its_jobs_as_soon_as_every_speed_item_has_recorded(monkey
     assert prepared == [["a"]]
 
     prepared.clear()
+    recorded = runner._Recorded([[a], [b], [c]], timer=object(), exercise="toy", judge=judge)
+    recorded.add(c, None, protocol.Raised(c.id, "ValueError: no"))  # c's worker goes on with other items
+    recorded.add(*recording(a))
+    assert prepared == [["a"]]
+
+    prepared.clear()
     recorded = runner._Recorded([[a], [c]], timer=None, exercise="toy", judge=judge)  # no timer (on the CPU)
     recorded.add(*recording(a))
     recorded.add(*recording(c))
     assert prepared == []
 
 
+def test_a_supervisor_hands_every_speed_reply_to_on_recorded_and_keeps_recordings_from_on_reply(tmp_path):
+    """The supervisor's side of the wiring: on the judging thread, in order, a correctness reply goes to on_reply,
+    a speed recording (deferred) to on_recorded only and into the run's to_time, and a speed item's failure to
+    on_reply (judged as it is) and then to on_recorded."""
+    from grader import exercises
+    from grader.grading.exercise_run import plan, supervise
+
+    gelu = exercises.get("gelu")
+    items = plan.plan(gelu, device="cuda", secret="s", random_cases=1, speed_budget_s=1.0)
+    case = next(it for it in items if it.role == "example")
+    speed = next(it for it in items if it.role == "speed")
+    seen: list[tuple[str, str, str]] = []
+    sup = supervise._Supervision(gelu, Path("."), _settings(tmp_path), scratch=tmp_path, cache_dir=None,
+                                 on_reply=lambda i, q, r: seen.append(("on_reply", i.id, type(r).__name__)),
+                                 arbiter=None, defer_speed=True, references=None, items=items,
+                                 on_recorded=lambda i, q, r: seen.append(("on_recorded", i.id, type(r).__name__)))
+    sup.judging = supervise._Judging(sup.on_reply, "judge test")
+    recording = protocol.SpeedDone(speed.id, SpeedMeasurement("GPU", []))
+    sup._deliver(case, None, protocol.Raised(case.id, "ValueError: x"))
+    sup._deliver(speed, None, recording)
+    sup._deliver(speed, None, protocol.Raised(speed.id, "ValueError: y"))
+    sup.judging.close()
+    assert seen == [("on_reply", case.id, "Raised"), ("on_recorded", speed.id, "SpeedDone"),
+                    ("on_reply", speed.id, "Raised"), ("on_recorded", speed.id, "Raised")]
+    assert [entry[2] for entry in sup.result.to_time] == [recording]
+
+
+@pytest.mark.parametrize("autograd_records", [True, False], ids=["both record", "autograd's worker crashes first"])
+def test_an_exercise_run_prepares_its_timer_with_the_jobs_it_then_times(tmp_path, monkeypatch, autograd_records):
+    """The runner's side of the wiring, through grade_exercise with the workers faked: the recordings the groups'
+    supervisors report reach the timer to prepare once, before the timing, and are the very jobs it then times;
+    a group that ends without its recording releases the others."""
+    from types import SimpleNamespace
+
+    from grader import exercises
+    from grader.grading.exercise_run import runner, supervise
+
+    calls: list[tuple[str, list[str]]] = []
+    monkeypatch.setattr(runner, "_timer_ahead", lambda *a, **k: SimpleNamespace(close=lambda: None, cpu_s=0.0))
+    monkeypatch.setattr(timer_process, "prepare_parts",
+                        lambda exercise, parts, timer: calls.append(("prepare", [p.part for p in parts])))
+
+    def time_parts(settings, exercise, parts, **kwargs):
+        calls.append(("time", [p.part for p in parts]))
+        return 0.0
+
+    monkeypatch.setattr(timer_process, "time_parts", time_parts)
+
+    def fake_run(exercise, root, group, settings, *, on_recorded, **kwargs):
+        run = supervise.Run(loaded=True)
+        for item in group:
+            if item.role == "speed" and (autograd_records or item.part.name != "autograd"):
+                reply = protocol.SpeedDone(item.id, SpeedMeasurement("GPU", []))
+                run.to_time.append((item, None, reply))
+                on_recorded(item, None, reply)
+        return run
+
+    monkeypatch.setattr(supervise, "run", fake_run)
+    fa = exercises.get("flash_attention")
+    timed = [p.name for p in fa.parts if p.speed_graded]
+    assert len(timed) == 2
+    timed = timed if autograd_records else [name for name in timed if name != "autograd"]
+    settings = dataclasses.replace(_settings(tmp_path), parallel_parts=True, speed_apart=True, random_cases=1)
+    runner.grade_exercise(fa, Path(__file__).parents[1] / "solutions", settings=settings, scratch=tmp_path / "s")
+    assert calls == [("prepare", timed), ("time", timed)], calls
 def test_a_replay_that_hangs_while_the_timer_prepares_is_stopped_and_charged_to_its_benchmark(tmp_path, monkeypatch):
     """Preparing happens while the student's last workers may still run, before anyone waits for the timer: its
     preparation has a limit of its own, and a timer that outlasts it (here one that hangs after announcing a

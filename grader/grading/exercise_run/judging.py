@@ -48,7 +48,8 @@ from grader.grading.results.results import (
 )
 from grader.speed import credit, thresholds
 
-RECHECK_STEP = "speed: judging the recheck, before the timing"  # --profile
+# --profile: summed over the judging threads, and counted in "judge (grader)" as well
+RECHECK_STEP = "speed: judging the recheck, before the timing"
 GRADER_FAULT = ("the grader failed while judging this check — a fault of the grader, not of your code; "
                 "it is not scored and will be regraded")
 

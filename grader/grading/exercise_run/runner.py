@@ -23,6 +23,7 @@ from grader.grading.exercise_run import gpu_references, references, supervise, t
 from grader.grading.exercise_run import plan as plan_mod
 from grader.grading.exercise_run.judging import GRADER_FAULT, ExerciseJudge, grader_error
 from grader.grading.exercise_run.slots import Slot
+from grader.grading.isolation import protocol
 from grader.grading.results.results import (
     ERROR,
     GRADED,
@@ -160,10 +161,10 @@ def _side_by_side(groups: list[list], run_group: Callable[[list], supervise.Run]
 
 
 class _Recorded:
-    """The exercise's speed measurements as the workers record them (on their groups' judging threads). Once
-    every speed item has one (or its group has ended without), the trusted timer gets them to load and validate,
-    while the student's other workers may still run; then each recording's recheck is judged
-    (:meth:`ExerciseJudge.on_recorded`), the timer preparing meanwhile."""
+    """The exercise's speed measurements as the workers record them (every speed item's reply, on its group's
+    judging thread). Once every speed item has its reply (or its group has ended without one), the trusted timer
+    gets the recordings to load and validate, while the student's workers may still run; each recording's recheck
+    is judged as it comes (:meth:`ExerciseJudge.on_recorded`), the last one while the timer prepares."""
 
     def __init__(self, groups: list[list], timer: timer_process.Timer | None, exercise: str, judge: ExerciseJudge):
         ordered = [item for group in groups for item in group]  # Run.merged's order: the timer's jobs must match
@@ -175,9 +176,10 @@ class _Recorded:
         self.lock = threading.Lock()
 
     def add(self, item, request, reply) -> None:
-        """``item``'s recording, as it comes."""
-        with self.lock:
-            self.entries[item.id] = (item, request, reply)
+        """``item``'s reply, as it comes: its recording, or why there is none (not implemented, raised)."""
+        if isinstance(reply, protocol.SpeedDone):
+            with self.lock:
+                self.entries[item.id] = (item, request, reply)
         self._done({item.id})
         self.judge.on_recorded(item, request, reply)
 

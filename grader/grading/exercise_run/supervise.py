@@ -156,8 +156,9 @@ def run(exercise: Exercise, root: Path, items: list[Item], settings: RunSettings
     ``arbiter``: the GPU's, when exercise runs share it (each worker is connected to it; time a worker waits for
     the GPU is added to its limits).
     ``defer_speed``: a speed item's reply (its recorded launches) is not given to ``on_reply`` but kept in
-    :attr:`Run.to_time`, for the trusted timer to time once every worker of the student's has ended; it is given to
-    ``on_recorded`` instead, on ``on_reply``'s thread (what can be judged before the timing is judged meanwhile).
+    :attr:`Run.to_time`, for the trusted timer to time once every worker of the student's has ended.
+    ``on_recorded`` sees every speed item's reply (a recording or why there is none) on ``on_reply``'s thread, after
+    the replies before it: what can be judged before the timing is judged meanwhile.
     ``references``: where the cases' inputs come from (the batch's store)."""
     supervision = _Supervision(exercise, root, settings, scratch=scratch, cache_dir=cache_dir, on_reply=on_reply,
                                arbiter=arbiter, defer_speed=defer_speed, references=references, items=items,
@@ -373,17 +374,26 @@ class _Supervision:
             message = _not_implemented(reply)
             if message is not None:
                 self.not_implemented.setdefault(item.part.missing_key, message)
-            if self.defer_speed and isinstance(reply, protocol.SpeedDone):
-                result.to_time.append((item, request, reply))
-                if self.judging is not None and self.on_recorded is not None:
-                    self.judging.put(item, request, reply, judge=self.on_recorded)
-            elif self.judging is not None:
-                self.judging.put(item, request, reply)
+            self._deliver(item, request, reply)
             if self.poisoned:  # the worker exits: the next items run in a fresh one
                 self._crashed(item)
                 raise workers.Ended(f"{describe(item, self.exercise)} left the CUDA context broken "
                                     f"({self.poisoned.pop()}); the checks after it ran in a fresh worker",
                                     broken_context=True)
+
+    def _deliver(self, item: Item, request: protocol.Request, reply: protocol.ItemReply) -> None:
+        """Hand a reply to the judging thread: to ``on_reply``, except a speed measurement to time later
+        (``defer_speed``), kept in :attr:`Run.to_time`. Every speed item's reply also goes to ``on_recorded``
+        after it: a recording, or the reply that says there is none."""
+        deferred = self.defer_speed and isinstance(reply, protocol.SpeedDone)
+        if deferred:
+            self.result.to_time.append((item, request, reply))
+        if self.judging is None:
+            return
+        if not deferred:
+            self.judging.put(item, request, reply)
+        if item.role == "speed" and self.on_recorded is not None:
+            self.judging.put(item, request, reply, judge=self.on_recorded)
 
     def _warm_up(self, worker: workers.Worker, item: Item, sent: float) -> None:
         warmed = self._ask(worker, protocol.WarmUp(item.id, item.part.name), item.id)

@@ -144,8 +144,10 @@ def _complete(m: SpeedMeasurement, result: TimerResult | TimerFault) -> None:
 
 class Timer:
     """One timer process, started before its jobs exist: its start-up (the sandbox, Python, torch, triton, its CUDA
-    context) overlaps the student's workers, and it waits for its jobs file. It gets that file only once every
-    worker of the student's has ended, so nothing of the student's runs while it times."""
+    context) overlaps the student's workers, and it waits for its jobs file. It may get that file while the
+    student's workers still run (:meth:`prepare`: it loads and validates the replays, sharing the GPU), but is told
+    to time them only once every worker of the student's has ended, so nothing of the student's runs while it
+    times."""
 
     def __init__(self, settings: RunSettings, *, scratch: Path, arbiter: GpuArbiter | None):
         scratch.mkdir(parents=True, exist_ok=True)
