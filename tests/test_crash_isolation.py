@@ -13,6 +13,7 @@ import pytest
 
 from grader.grading import config
 from grader.grading.commands import grade as grade_cmd
+from grader.grading.config import RunSettings
 
 from .crash import breaks_forward
 from .sandboxing import sandbox_options
@@ -64,3 +65,28 @@ def test_a_kernel_that_breaks_the_cuda_context_costs_only_its_own_check(tmp_path
     assert any("illegal memory access" in p for p in result.problems)
     _others_score_as_the_reference(scores)
     assert parts["autograd"].speed.status == "measured" and parts["autograd"].speed.fraction > 0
+
+
+@pytest.mark.parametrize("malformed", [True, False], ids=["malformed reply", "crash"])
+def test_a_malformed_reply_ends_the_run_where_a_crash_goes_on_in_a_fresh_worker(tmp_path, malformed):
+    """The supervisor's decision after a worker ends: a crash charges the item it was running and a fresh worker
+    goes on with the rest; a reply the protocol does not allow ends the run (every item left is not run)."""
+    from grader import exercises
+    from grader.grading.exercise_run import plan, supervise, workers
+    from grader.grading.isolation import processes
+
+    gelu = exercises.get("gelu")
+    items = [it for it in plan.plan(gelu, device="cuda", secret="s", random_cases=2, speed_budget_s=1.0)
+             if it.skip_reason is None]
+    settings = RunSettings(device="cuda", secret="", random_cases=0, timeout_s=60.0, call_timeout_s=30.0,
+                           memory_mb=None, speed_budget_s=1.0, workdir=tmp_path)
+    sup = supervise._Supervision(gelu, Path("."), settings, scratch=tmp_path, cache_dir=None, on_reply=None,
+                                 arbiter=None, defer_speed=True, references=None, items=items)
+    sup.result.loaded, sup.current = True, items[0]
+    quiet = processes.Captured(b"", 0)
+    outcome = processes.Outcome(-11, False, False, 1.0, quiet, quiet, 0)
+    left = sup._after_end(None, workers.Ended("it ended", outcome, malformed=malformed), items, 0)
+    if malformed:
+        assert left == [] and all(it.id in sup.result.failed for it in items)
+    else:
+        assert left == items[1:] and list(sup.result.failed) == [items[0].id]

@@ -306,7 +306,7 @@ class _Supervision:
                                 self.limit)
         self.deadline += worker.waited() - waited
         if not isinstance(loaded, protocol.Loaded):
-            raise workers.Ended("the worker sent a malformed result: expected the loaded message")
+            raise workers.Ended("the worker sent a malformed result: expected the loaded message", malformed=True)
         self._spent(worker, "import the module", loading)
         result.loaded = True
         result.load_errors = dict(loaded.errors)
@@ -323,7 +323,7 @@ class _Supervision:
             try:
                 reply = self._ask(worker, request, request.id)
             except workers.Ended as exc:
-                if "malformed" in exc.why:  # as for any other request: the run ends
+                if exc.malformed:  # as for any other request: the run ends
                     raise
                 ended = exc
             self._spent(worker, COMPILING_AHEAD, started)
@@ -398,7 +398,8 @@ class _Supervision:
     def _warm_up(self, worker: workers.Worker, item: Item, sent: float) -> None:
         warmed = self._ask(worker, protocol.WarmUp(item.id, item.part.name), item.id)
         if not isinstance(warmed, protocol.WarmedUp | protocol.Raised | protocol.NotImplementedYet):
-            raise workers.Ended(f"the worker sent a malformed result: {type(warmed).__name__} to a warm-up")
+            raise workers.Ended(f"the worker sent a malformed result: {type(warmed).__name__} to a warm-up",
+                                malformed=True)
         self._spent(worker, "speed: warm-up (compiles)", sent)
         if self.poisoned:  # the worker exits: the speed measurement is what broke it
             self.current = None
@@ -440,7 +441,7 @@ class _Supervision:
             self.deadline += worker.waited() - waited
         if getattr(reply, "id", None) != item_id:
             raise workers.Ended(f"the worker sent a malformed result: a reply for {getattr(reply, 'id', '?')!r} "
-                                f"while running {item_id!r}")
+                                f"while running {item_id!r}", malformed=True)
         return reply
 
     def _prepare_next(self) -> None:
@@ -478,7 +479,7 @@ class _Supervision:
         # other parts go on: a crash costs its own checks only.
         to_blame = current.part.name if current is not None else None
         stuck = attempt > 0 and self.progress == 0
-        fatal = not result.loaded or "malformed" in ended.why or time.monotonic() >= self.deadline - 0.5
+        fatal = not result.loaded or ended.malformed or time.monotonic() >= self.deadline - 0.5
         spent = {name for name, n in self.crashes.items() if n > self.settings.max_restarts}
         if stuck and to_blame is not None:
             spent.add(to_blame)

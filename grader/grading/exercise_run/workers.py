@@ -61,11 +61,13 @@ def package_link(workdir: Path) -> Path:
 class Ended(Exception):
     """The worker is gone (crashed, stopped, or sent garbage); ``why`` says how."""
 
-    def __init__(self, why: str, outcome: processes.Outcome | None = None, *, broken_context: bool = False):
+    def __init__(self, why: str, outcome: processes.Outcome | None = None, *, broken_context: bool = False,
+                 malformed: bool = False):
         super().__init__(why)
         self.why = why
         self.outcome = outcome
         self.broken_context = broken_context  # the worker said its CUDA context is broken, and exited
+        self.malformed = malformed  # it sent something the protocol does not allow: the run ends
 
 
 class Worker:
@@ -181,7 +183,7 @@ class Worker:
             raise Ended(limit_text, outcome) from None
         if isinstance(reply, Exception):
             outcome = self.stop()
-            raise Ended(f"the worker sent a malformed result: {reply}", outcome)
+            raise Ended(f"the worker sent a malformed result: {reply}", outcome, malformed=True)
         if reply is None:  # the worker closed its channel: it exited or was killed
             self.process.wait(5.0)
             outcome = self.stop()
