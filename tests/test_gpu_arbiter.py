@@ -407,3 +407,102 @@ def test_the_profile_says_how_long_turns_waited_behind_each_other(monkeypatch):
     queued = float(line.split("for their turn (that wait included) ")[1].split(" s")[0])
     drained = float(line.split("before them ")[1].split(" s")[0])
     assert queued >= 0.4 and drained < 0.3, line
+
+
+def _bytes_sent(monkeypatch) -> list[tuple[str, bytes]]:
+    """(process, byte) for every byte the arbiter sends, in order."""
+    from grader.grading.isolation.gpu_arbiter import Client
+
+    sent: list[tuple[str, bytes]] = []
+    original = Client._sent
+
+    def record(self, byte: bytes) -> None:
+        sent.append((self.name, byte))
+        original(self, byte)
+
+    monkeypatch.setattr(Client, "_sent", record)
+    return sent
+
+
+def _two_turns(arbiter: GpuArbiter, first: ThreadProcess, second: ThreadProcess, *, hold_s: float,
+               after_first=None) -> list[str]:
+    """``first`` takes a turn and holds it ``hold_s``; ``second`` asks for one meanwhile. ``after_first`` runs in
+    the first process's thread once its turn is over. What happened, in order."""
+    order, granted = [], threading.Event()
+
+    def hold() -> None:
+        with first.gate.alone():
+            order.append("first")
+            granted.set()
+            time.sleep(hold_s)
+            order.append("first end")
+        if after_first is not None:
+            after_first(order)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    assert granted.wait(10)
+    with second.gate.alone():
+        order.append("second")
+        time.sleep(0.05)
+        order.append("second end")
+    t.join(10)
+    return order
+
+
+def test_a_turn_asked_for_during_another_follows_it_with_the_others_still_paused(monkeypatch):
+    """The others are paused once for two turns that come together, not paused, let go and paused again: each pause
+    waits for their GPU work in flight."""
+    sent = _bytes_sent(monkeypatch)
+    arbiter = GpuArbiter()
+    worker = ThreadProcess(arbiter, "worker")
+    order = _two_turns(arbiter, ThreadProcess(arbiter, "first"), ThreadProcess(arbiter, "second"), hold_s=0.3)
+    with worker.gate.use():  # the worker continues after both turns
+        order.append("worker")
+    assert order == ["first", "first end", "second", "second end", "worker"]
+    assert [b for name, b in sent if name == "worker"] == [b"C", b"P", b"C"]
+    assert [b for name, b in sent if name == "second"] == [b"C", b"P", b"C", b"G"]  # let go just before its turn
+    assert arbiter.chained == 1 and arbiter.alone_count == 2
+
+
+def test_a_chain_of_turns_lasts_at_most_max_chain_s_then_the_others_continue(monkeypatch):
+    from grader.grading.isolation import gpu_arbiter
+
+    monkeypatch.setattr(gpu_arbiter, "MAX_CHAIN_S", 0.1)
+    sent = _bytes_sent(monkeypatch)
+    arbiter = GpuArbiter()
+    worker = ThreadProcess(arbiter, "worker")
+    order = _two_turns(arbiter, ThreadProcess(arbiter, "first"), ThreadProcess(arbiter, "second"), hold_s=0.3)
+    with worker.gate.use():  # once both turns are over
+        pass
+    assert order == ["first", "first end", "second", "second end"]
+    assert [b for name, b in sent if name == "worker"] == [b"C", b"P", b"C", b"P", b"C"]
+    assert arbiter.chained == 0 and arbiter.alone_count == 2
+
+
+def test_the_process_whose_turn_ended_finishes_its_gpu_work_before_the_next_turn_of_a_chain():
+    """After its turn a process goes on sharing the GPU (a worker records after its autotuning): the next turn
+    waits for that work, and the process's next stretch waits for the turn."""
+    arbiter = GpuArbiter()
+
+    def share_then_use_again(order: list[str]) -> None:
+        with first.gate.use():
+            order.append("first shares")
+            time.sleep(0.3)
+            order.append("first shares end")
+        with first.gate.use():
+            order.append("first again")
+
+    first = ThreadProcess(arbiter, "first")
+    order = _two_turns(arbiter, first, ThreadProcess(arbiter, "second"), hold_s=0.2, after_first=share_then_use_again)
+    assert order == ["first", "first end", "first shares", "first shares end", "second", "second end", "first again"]
+    assert arbiter.chained == 1
+
+
+def test_a_process_may_take_two_turns_in_a_row():
+    arbiter = GpuArbiter()
+    process = ThreadProcess(arbiter, "process")
+    ThreadProcess(arbiter, "worker")
+    order = _two_turns(arbiter, process, process, hold_s=0.2)
+    assert order == ["first", "first end", "second", "second end"]
+    assert arbiter.chained == 1

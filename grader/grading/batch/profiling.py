@@ -64,7 +64,8 @@ def report(progress: Progress, slots: list[Slot], *, submissions: int,
             assert arbiter is not None
             lines.append(f"  {slot.describe()}: {slot.capacity} run(s) at once; held alone {arbiter.alone_s:.1f} s "
                          f"({100 * arbiter.alone_s / wall if wall > 0 else 0:.0f}% of the wall time) in "
-                         f"{arbiter.alone_count} turn(s); waiting for the others' GPU work before them "
+                         f"{arbiter.alone_count} turn(s), {arbiter.chained} of them right after another; "
+                         f"waiting for the others' GPU work before them "
                          f"{arbiter.drain_s:.1f} s in all, for their turn (that wait included) {arbiter.queue_s:.1f} s")
             if arbiter.held_up_by:
                 lines.append("    the last to pause before a turn: " + held_up_text(arbiter.held_up_by))

@@ -5,7 +5,9 @@ Every process that runs on a GPU slot (a worker, a trusted timer) is connected t
 :class:`GpuArbiter` by two pipes. The processes share the GPU freely; a request for the GPU alone (a timer's timed
 rounds, a worker's autotuning) waits its turn (first come, first served), then every other process is paused: each
 says when nothing of its own runs on the GPU any more, which takes as long as the GPU work it has in flight, never
-as long as a compilation. The requester is granted the GPU, and when it is done the others continue.
+as long as a compilation. The requester is granted the GPU, and when it is done the others continue; unless
+another turn was asked for meanwhile: that one follows at once, the others still paused (for at most
+:data:`MAX_CHAIN_S`), so that the wait for their GPU work in flight is paid once for turns that come together.
 
 A process that dies counts as paused and done: an arbiter never waits for a process that is gone, and one that
 never answers is bounded by the limits the grader enforces on it (a worker's call limit, a timer's own limit).
@@ -24,6 +26,10 @@ from collections.abc import Callable, Iterator
 from grader.checks.gpu_gate import Gate
 
 SLOW_DRAIN_S = 10.0  # a pause that takes longer is said on stderr (diagnostics)
+# Turns asked for while one runs follow it without the others continuing in between, for at most this long: a
+# turn's pause waits for every other process's GPU work in flight (a correctness case, a validation), which is
+# paid once for the whole chain; past this the others get the GPU before the next turn.
+MAX_CHAIN_S = 10.0
 
 
 class Client:
@@ -162,6 +168,7 @@ class GpuArbiter:
         self.alone_count = 0
         self.drain_s = 0.0  # waiting for the others' GPU work to finish, before each turn
         self.queue_s = 0.0  # requests waiting for their turn (the drain included), in all
+        self.chained = 0  # turns that followed another without the others continuing in between
         # (role, what it was doing) -> [turns, seconds]: the last to pause before a turn
         self.held_up_by: dict[tuple[str, str], list[float]] = {}
         threading.Thread(target=self._serve, name="gpu-arbiter", daemon=True).start()
@@ -222,29 +229,60 @@ class GpuArbiter:
                 self._turn = True
                 others = [c for c in self._clients if c is not turn.client and not c.gone]
                 self._paused = list(others)
-            started = time.monotonic()
-            for other in others:
-                other.send(b"P")
-            for other in others:
-                if not other.drained.wait(SLOW_DRAIN_S):
-                    print(f"gpu arbiter: waiting for {other.name} to pause before a turn of "
-                          f"{turn.client.name if turn.client else 'the grader'}", file=sys.stderr, flush=True)
-                    other.drained.wait()
-            granted = time.monotonic()
-            self.drain_s += granted - started
-            last = max(others, key=lambda c: c.drained_at, default=None)
-            if last is not None and last.drained_at > started:  # who the turn waited for the longest
-                held = self.held_up_by.setdefault((last.role, last.drained_doing), [0, 0.0])
-                held[0] += 1
-                held[1] += last.drained_at - started
-            self.queue_s += granted - turn.asked
-            turn.grant()
-            turn.done.wait()
-            with self._cond:
-                self.alone_s += time.monotonic() - granted
-                self.alone_count += 1
-                self._turn = False
-                paused, self._paused = self._paused, []
+            self._drain(turn, others)
+            chain_started = time.monotonic()
+            while True:
+                granted = time.monotonic()
+                turn.grant()
+                turn.done.wait()
+                with self._cond:
+                    self.alone_s += time.monotonic() - granted
+                    self.alone_count += 1
+                    ended, turn = turn.client, self._next_in_chain(chain_started)
+                    if turn is None:
+                        self._turn = False
+                        paused, self._paused = self._paused, []
+                        break
+                    # The next turn was asked for already: the others stay paused (they would only be paused
+                    # again at once, after one more stretch each), and only the process whose turn ended, which
+                    # went on without a pause, has to finish its GPU work first.
+                    pause = [ended] if ended is not None and ended is not turn.client and not ended.gone else []
+                    self._paused += pause
+                    waiting = turn.client is not None and turn.client in self._paused
+                    if waiting:
+                        self._paused.remove(turn.client)
+                    self.chained += 1
+                self._drain(turn, pause)
+                if waiting:
+                    turn.client.send(b"C")  # before its G: it holds the GPU, it is not paused
             for other in paused:
                 if not other.gone:
                     other.send(b"C")
+
+    def _next_in_chain(self, chain_started: float) -> _Turn | None:
+        """The turn that follows the one just over without the others continuing in between, if one was asked
+        for and the chain has not lasted :data:`MAX_CHAIN_S` (called holding the lock)."""
+        while self._queue and time.monotonic() - chain_started < MAX_CHAIN_S:
+            turn = self._queue.popleft()
+            if turn.client is None or not turn.client.gone:
+                return turn
+        return None
+
+    def _drain(self, turn: _Turn, others: list[Client]) -> None:
+        """Pause ``others`` before ``turn`` and wait until nothing of theirs runs on the GPU."""
+        started = time.monotonic()
+        for other in others:
+            other.send(b"P")
+        for other in others:
+            if not other.drained.wait(SLOW_DRAIN_S):
+                print(f"gpu arbiter: waiting for {other.name} to pause before a turn of "
+                      f"{turn.client.name if turn.client else 'the grader'}", file=sys.stderr, flush=True)
+                other.drained.wait()
+        drained = time.monotonic()
+        self.drain_s += drained - started
+        last = max(others, key=lambda c: c.drained_at, default=None)
+        if last is not None and last.drained_at > started:  # who the turn waited for the longest
+            held = self.held_up_by.setdefault((last.role, last.drained_doing), [0, 0.0])
+            held[0] += 1
+            held[1] += last.drained_at - started
+        self.queue_s += drained - turn.asked
