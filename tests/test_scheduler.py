@@ -132,6 +132,42 @@ def test_every_gpu_is_used_each_worker_is_pinned_and_never_two_timed_runs_share_
     assert max(w[0] for w in worst.values()) == 2  # correctness did share
 
 
+def test_a_run_whose_workers_have_ended_gives_its_place_to_the_next_while_it_waits_for_its_timer():
+    """A slot of capacity 2: at most two runs have workers at once; a run that says its workers have ended (it only
+    waits for its trusted timer and its credit) lets the next run start, up to four runs at once in all; a run
+    that never says so holds its place to its end."""
+    slots = [Slot("cpu-0", {"kind": "cpu"}, capacity=2)]
+    lock, log = threading.Lock(), _Log()
+    with_workers, tails, worst = set(), set(), [0, 0]  # most with workers at once, most runs at once
+    first_tail_started = threading.Event()
+
+    def grade(task, slot):
+        with lock:
+            with_workers.add(task.student)
+            worst[0] = max(worst[0], len(with_workers))
+            worst[1] = max(worst[1], len(with_workers | tails))
+        time.sleep(0.05)  # its workers
+        with lock:
+            with_workers.discard(task.student)
+            if task.student != "s0":  # s0 never says so: its place is its own until it ends
+                tails.add(task.student)
+        if task.student != "s0":
+            task.workers_ended()
+            task.workers_ended()  # a second call gives nothing back twice
+        first_tail_started.set()
+        time.sleep(0.3)  # waiting for its timer
+        with lock:
+            tails.discard(task.student)
+        return _ok(task, slot)
+
+    started = time.monotonic()
+    Scheduler(slots, grade, log.commit).run(_tasks(8))
+    elapsed = time.monotonic() - started
+    assert len(log.committed) == 8
+    assert worst == [2, 4]  # never more than the capacity with workers; the tails overlapped them
+    assert elapsed < 8 * 0.35 / 2 - 0.2, elapsed  # the tails overlapped the next runs' workers
+
+
 def test_a_gpu_that_fails_is_taken_out_and_its_work_runs_elsewhere():
     slots = gpus.gpu_slots("all", 1, available=FAKE[:3], current=0)
     log, failures, ran_on = _Log(), [], []

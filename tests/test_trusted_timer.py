@@ -431,7 +431,8 @@ def test_a_supervisor_hands_every_speed_reply_to_on_recorded_and_keeps_recording
 def test_an_exercise_run_prepares_its_timer_with_the_jobs_it_then_times(tmp_path, monkeypatch, autograd_records):
     """The runner's side of the wiring, through grade_exercise with the workers faked: the recordings the groups'
     supervisors report reach the timer to prepare once, before the timing, and are the very jobs it then times;
-    a group that ends without its recording releases the others."""
+    a group that ends without its recording releases the others. The scheduler hears that the student's workers
+    have ended once every group has, before the timing."""
     from types import SimpleNamespace
 
     from grader import exercises
@@ -455,6 +456,7 @@ def test_an_exercise_run_prepares_its_timer_with_the_jobs_it_then_times(tmp_path
                 reply = protocol.SpeedDone(item.id, SpeedMeasurement("GPU", []))
                 run.to_time.append((item, None, reply))
                 on_recorded(item, None, reply)
+        calls.append(("group ended", []))
         return run
 
     monkeypatch.setattr(supervise, "run", fake_run)
@@ -463,8 +465,12 @@ def test_an_exercise_run_prepares_its_timer_with_the_jobs_it_then_times(tmp_path
     assert len(timed) == 2
     timed = timed if autograd_records else [name for name in timed if name != "autograd"]
     settings = dataclasses.replace(_settings(tmp_path), parallel_parts=True, speed_apart=True, random_cases=1)
-    runner.grade_exercise(fa, Path(__file__).parents[1] / "solutions", settings=settings, scratch=tmp_path / "s")
-    assert calls == [("prepare", timed), ("time", timed)], calls
+    runner.grade_exercise(fa, Path(__file__).parents[1] / "solutions", settings=settings, scratch=tmp_path / "s",
+                          on_workers_ended=lambda: calls.append(("workers ended", [])))
+    groups = [c for c in calls if c[0] == "group ended"]
+    assert len(groups) > 1
+    assert [c for c in calls if c[0] != "group ended"] == [("prepare", timed), ("workers ended", []), ("time", timed)]
+    assert calls.index(("workers ended", [])) == len(calls) - 2, calls  # after every group, just before the timing
 def test_a_replay_that_hangs_while_the_timer_prepares_is_stopped_and_charged_to_its_benchmark(tmp_path, monkeypatch):
     """Preparing happens while the student's last workers may still run, before anyone waits for the timer: its
     preparation has a limit of its own, and a timer that outlasts it (here one that hangs after announcing a

@@ -324,7 +324,8 @@ def _grade_task(ctx: Context, work: Workspace, recorder: Recorder, task: Task, s
     parts = tuple(task.previous.regrade_parts()) if task.previous is not None else None
     result = runner.grade_exercise(exercise, sub.root, settings=settings or ctx.settings,
                                    scratch=work.dir / f"scratch-{sub.student}-{exercise.name}",
-                                   cache_dir=work.dir / f"triton-cache-{sub.student}", parts=parts, slot=slot)
+                                   cache_dir=work.dir / f"triton-cache-{sub.student}", parts=parts, slot=slot,
+                                   on_workers_ended=task.workers_ended)
     if task.previous is None or set(parts or ()) >= {p.name for p in exercise.parts}:
         return result  # graded whole: nothing of the previous run is kept
     return runner.merge_regrade(task.previous, result)

@@ -2,7 +2,10 @@
 worker places, or GPUs.
 
 * Longest work first (each task carries an estimate), so the batch ends evenly.
-* Each slot runs ``capacity`` tasks at once (one by default: one worker per GPU).
+* Each slot runs ``capacity`` tasks at once (one by default: one worker per GPU). A task whose workers have all
+  ended (:attr:`Task.workers_ended`) and that only waits for its trusted timer's turn and the credit gives its
+  place to the next task: a slot runs up to ``TAIL_RUNS_PER_PLACE * capacity`` tasks at once, at most
+  ``capacity`` of them with workers.
 * A result is handed to ``commit`` the moment it is judged; commits are serialized, and none happens
   after :meth:`Scheduler.stop` (a batch being stopped records nothing its killed workers return).
 * After a run that went wrong on a GPU (a crash, an error, a grader fault), ``probe`` asks whether the GPU
@@ -31,6 +34,9 @@ from grader.grading.results.results import ERROR, NEEDS_REGRADE, ExerciseResult,
 
 ITEM_S = 1.0  # rough cost of one correctness item (worker round trip, reference) for the estimate
 BENCHMARK_S = 5.0  # compiling and warming up one benchmark, on top of the timing budget
+# Tasks a slot runs at once for each of its places: the others wait only for their trusted timer (its turn alone
+# and the timed rounds) and their credit, which take none of the host's cores and little of the GPU's memory.
+TAIL_RUNS_PER_PLACE = 2
 
 
 @dataclass
@@ -41,6 +47,8 @@ class Task:
     previous: ExerciseResult | None = None  # set for a regrade of some parts
     estimate_s: float = 0.0
     failed_on: list[str] = field(default_factory=list)  # GPUs that failed under it, with why
+    # Called by the run once the student's workers have ended (set by the scheduler): the next task may start.
+    workers_ended: Callable[[], None] = field(default=lambda: None, repr=False, compare=False)
 
     @property
     def key(self) -> str:
@@ -139,6 +147,7 @@ class Scheduler:
         self._heap: list = []
         self._seq = itertools.count()
         self._in_flight = 0
+        self._places = {slot.name: 0 for slot in slots}  # tasks of each slot whose workers may still run
         self._stopping = False
         self.outcome = Outcome()
 
@@ -150,7 +159,7 @@ class Scheduler:
             for task in tasks:
                 self._push(task)
         threads = [threading.Thread(target=self._loop, args=(slot,), name=f"slot {slot.name}#{i}", daemon=True)
-                   for slot in self.slots for i in range(max(1, slot.capacity))]
+                   for slot in self.slots for i in range(TAIL_RUNS_PER_PLACE * max(1, slot.capacity))]
         for t in threads:
             t.start()
         for t in threads:
@@ -172,9 +181,12 @@ class Scheduler:
             while True:
                 if self._stopping or slot.failed:
                     return None
-                if self._heap:
+                if self._heap and self._places[slot.name] < max(1, slot.capacity):
                     self._in_flight += 1
-                    return heapq.heappop(self._heap)[2]
+                    self._places[slot.name] += 1
+                    task = heapq.heappop(self._heap)[2]
+                    task.workers_ended = self._leaving(slot)
+                    return task
                 if self._in_flight == 0:
                     return None
                 self._cond.wait()
@@ -190,6 +202,7 @@ class Scheduler:
             fault = None
             if slot.is_gpu and self._probe is not None and not self._stopping and suspicious(result):
                 fault = self._probe(slot)
+            task.workers_ended()  # its place, if the run did not give it back earlier
             give_up = False
             with self._cond:
                 self._in_flight -= 1
@@ -215,6 +228,20 @@ class Scheduler:
                           "again by the next run)", file=sys.stderr)
                     continue
                 self.outcome.committed += 1
+
+    def _leaving(self, slot: Slot) -> Callable[[], None]:
+        """What gives a task's place on ``slot`` back to the next task, once (later calls do nothing)."""
+        left = threading.Event()
+
+        def leave() -> None:
+            with self._cond:
+                if left.is_set():
+                    return
+                left.set()
+                self._places[slot.name] -= 1
+                self._cond.notify_all()
+
+        return leave
 
     def _take_out(self, slot: Slot, reason: str, task: Task) -> None:
         task.failed_on.append(f"{slot.describe()}: {reason}")

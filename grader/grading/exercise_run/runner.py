@@ -42,9 +42,11 @@ CREDIT_STEP = "speed: judging the timed runs"
 
 def grade_exercise(exercise: Exercise, root: Path, *, settings: RunSettings, scratch: Path,
                    cache_dir: Path | None = None, parts: tuple[str, ...] | None = None,
-                   slot: Slot | None = None) -> ExerciseResult:
+                   slot: Slot | None = None, on_workers_ended: Callable[[], None] | None = None) -> ExerciseResult:
     """Grade ``exercise`` of the tree ``root`` (only ``parts``, for a regrade) on ``slot``: its workers get
-    the slot's environment (the GPU they are pinned to), and the result records the slot's device."""
+    the slot's environment (the GPU they are pinned to), and the result records the slot's device.
+    ``on_workers_ended`` is called once every worker of the student's has ended, before the trusted timer times
+    (the scheduler then starts the next run)."""
     start = time.monotonic()
     if slot is not None:
         settings = replace(settings, env={**settings.env, **slot.env}, gpu_name=slot.gpu_name or settings.gpu_name)
@@ -99,6 +101,8 @@ def grade_exercise(exercise: Exercise, root: Path, *, settings: RunSettings, scr
                 run = run_group(groups[0])
             else:  # each group in workers of its own, side by side: the exercise takes as long as the longest
                 run = supervise.Run.merged(_side_by_side(groups, run_group))
+            if on_workers_ended is not None:
+                on_workers_ended()
             if run.to_time:  # every process of the student's has ended: one trusted timer times every part
                 timing = time.monotonic()
                 cpu = _time_speed(exercise, settings, run.to_time, scratch=scratch, arbiter=arbiter, timer=timer)
