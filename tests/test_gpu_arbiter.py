@@ -506,3 +506,62 @@ def test_a_process_may_take_two_turns_in_a_row():
     order = _two_turns(arbiter, process, process, hold_s=0.2)
     assert order == ["first", "first end", "second", "second end"]
     assert arbiter.chained == 1
+
+
+def test_a_turn_hurries_the_process_whose_gpu_work_it_waits_for_and_only_until_it_has_paused():
+    """A worker running at a CPU niceness is told to hurry (the grader renices it to 0) while a turn waits for its
+    stretch of GPU work, and to slow down again once it has paused; one with nothing in flight is not told."""
+    arbiter = GpuArbiter()
+    busy, idle = ThreadProcess(arbiter, "busy"), ThreadProcess(arbiter, "idle")
+    told: list[tuple[str, bool, bool]] = []  # (who, on, was the stretch still running)
+    inside, running = threading.Event(), threading.Event()
+    busy.client.hurry = lambda on: told.append(("busy", on, running.is_set()))
+    idle.client.hurry = lambda on: told.append(("idle", on, False))
+
+    def stretch() -> None:
+        with busy.gate.use():
+            running.set()
+            inside.set()
+            time.sleep(0.3)
+            running.clear()
+
+    t = threading.Thread(target=stretch)
+    t.start()
+    inside.wait(10)
+    time.sleep(0.05)  # the idle one has answered no pause yet: it is asked with the busy one
+    with ThreadProcess(arbiter, "timer").gate.alone():
+        pass
+    t.join(10)
+    assert told == [("busy", True, True), ("busy", False, False)]
+
+
+def test_a_worker_at_a_niceness_is_reniced_while_a_turn_waits_for_it(tmp_path):
+    """The grader's side of hurrying: every thread of the process and of its children gets the niceness."""
+    import os
+    import sys
+
+    from grader.grading.isolation import processes, proctree
+
+    if os.geteuid() != 0:
+        pytest.skip("lowering a niceness needs root (the grader then leaves it as it is)")
+    script = ("import os, subprocess, sys, threading, time; os.nice(7); "
+              "threading.Thread(target=time.sleep, args=(30,), daemon=True).start(); "
+              "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); "
+              "print('ready', flush=True); time.sleep(30)")
+    process = processes.Process([sys.executable, "-c", script], cwd=str(tmp_path), env=dict(os.environ),
+                                rss_limit_bytes=None, output_cap=1 << 16)
+    try:
+        deadline = time.monotonic() + 20
+        while b"ready" not in b"".join(process.readers[0].chunks) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        def niceness() -> set[int]:
+            return {os.getpriority(os.PRIO_PROCESS, int(task)) for pid in proctree.descendants(process.pid)
+                    for task in os.listdir(f"/proc/{pid}/task")}
+
+        assert niceness() == {7}
+        process.set_niceness(0)
+        assert niceness() == {0}
+        process.set_niceness(7)
+        assert niceness() == {7}
+    finally:
+        process.stop()

@@ -119,6 +119,8 @@ class Worker:
             os.close(rep_w)
         if self.gate is not None:
             self.gate.name += f" (pid {self.process.pid})"
+            if settings.nice > 0:  # a turn alone may wait for its GPU work: see GpuArbiter
+                self.gate.hurry = lambda on: self.process.set_niceness(0 if on else settings.nice)
             self.gate.started()
         self._replies: queue.Queue = queue.Queue()
         self._writes: queue.Queue = queue.Queue()

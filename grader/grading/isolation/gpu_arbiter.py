@@ -30,6 +30,7 @@ SLOW_DRAIN_S = 10.0  # a pause that takes longer is said on stderr (diagnostics)
 # turn's pause waits for every other process's GPU work in flight (a correctness case, a validation), which is
 # paid once for the whole chain; past this the others get the GPU before the next turn.
 MAX_CHAIN_S = 10.0
+HURRY_AFTER_S = 0.05  # a process that has not paused by then has GPU work in flight: it is told to hurry
 
 
 class Client:
@@ -48,6 +49,10 @@ class Client:
         self._pauses_sent = self._pauses_answered = 0
         self.done = threading.Event()  # its time alone is over
         self.gone = False
+        # Called with True when the process is asked to pause with GPU work in flight, with False once it has paused:
+        # a worker that runs at a CPU niceness finishes the work a turn waits for at the niceness of the waiting.
+        self.hurry: Callable[[bool], None] | None = None
+        self._hurried = False
         self.waited_s = 0.0  # paused by others, or waiting for the GPU alone: not the process's own time
         self._pausing = False
         self._paused_since: float | None = None
@@ -118,6 +123,7 @@ class Client:
                     self.drained_at, self.drained_doing = time.monotonic(), self.doing
                     if self._pauses_answered >= self._pauses_sent:  # the answer to the latest pause
                         self.drained.set()
+                        self._hurry(False)
             elif byte == b"A":
                 self._asked_at = time.monotonic()
                 self.arbiter._ask(self)
@@ -128,6 +134,21 @@ class Client:
                 with contextlib.suppress(OSError):
                     os.close(self._from_process)
                 return
+
+    def hurry_up(self) -> None:
+        """A turn waits for this process's GPU work in flight (see :attr:`hurry`)."""
+        with self._send_lock:
+            if not (self.drained.is_set() or self.gone):
+                self._hurry(True)
+
+    def _hurry(self, on: bool) -> None:
+        if self.hurry is None or self._hurried == on:
+            return
+        self._hurried = on
+        try:
+            self.hurry(on)
+        except Exception as exc:  # never the arbiter's undoing: the turn only waits longer
+            print(f"gpu arbiter: could not change the CPU niceness of {self.name}: {exc}", file=sys.stderr)
 
     def _gone(self) -> None:
         with self._send_lock:
@@ -273,6 +294,11 @@ class GpuArbiter:
         started = time.monotonic()
         for other in others:
             other.send(b"P")
+        hurry_at = started + HURRY_AFTER_S  # those with nothing in flight have answered by then
+        for other in others:
+            other.drained.wait(max(0.0, hurry_at - time.monotonic()))
+        for other in others:
+            other.hurry_up()
         for other in others:
             if not other.drained.wait(SLOW_DRAIN_S):
                 print(f"gpu arbiter: waiting for {other.name} to pause before a turn of "
