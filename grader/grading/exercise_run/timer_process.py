@@ -33,7 +33,7 @@ from pathlib import Path
 
 from grader.grading.config import RunSettings
 from grader.grading.exercise_run import workers
-from grader.grading.isolation import bwrap, processes
+from grader.grading.isolation import bwrap, bytecode, processes
 from grader.grading.isolation.gpu_arbiter import GpuArbiter
 from grader.speed.measure import BenchmarkTiming, SpeedMeasurement
 from grader.speed.plan import LaunchPlan
@@ -173,14 +173,18 @@ class Timer:
         cache.mkdir(parents=True, exist_ok=True)
         env["TRITON_CACHE_DIR"] = bwrap.TRITON_CACHE if box is not None else str(cache)
         gate_fds = gate.process_fds if gate is not None else ()
-        argv = [sys.executable, "-I", "-u", "-c", _BOOT, _lib(settings, work), f"{inside}/{JOBS}",
-                f"{inside}/result.json"] + (["--gate", ",".join(map(str, gate_fds))] if gate_fds else [])
+        pycache = bytecode.for_sandbox() if box is not None else None
+        argv = [sys.executable, "-I", *bytecode.options(pycache), "-u", "-c", _BOOT, _lib(settings, work),
+                f"{inside}/{JOBS}", f"{inside}/result.json"]
+        argv += ["--gate", ",".join(map(str, gate_fds))] if gate_fds else []
         if box is not None:
             import grader
 
             binds = [bwrap.Bind(str(Path(grader.__file__).resolve().parent), bwrap.PACKAGE),
                      bwrap.Bind(str(work), bwrap.SCRATCH, "rw"),
                      bwrap.Bind(str(cache), bwrap.TRITON_CACHE, "rw")]
+            if pycache is not None:
+                binds.append(bwrap.Bind(str(pycache), bwrap.PYCACHE))
             argv, env = box.command(argv, binds=binds, env=env, cwd=inside), {}
         try:
             return processes.Process(argv, cwd=str(work), env=env, rss_limit_bytes=None, output_cap=OUTPUT_CAP,

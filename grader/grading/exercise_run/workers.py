@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from grader.grading.config import RunSettings
-from grader.grading.isolation import bwrap, channel, processes, protocol, wire
+from grader.grading.isolation import bwrap, bytecode, channel, processes, protocol, wire
 from grader.grading.isolation.gpu_arbiter import GpuArbiter
 
 MB = 1 << 20
@@ -91,7 +91,8 @@ class Worker:
         if settings.device == "cpu":
             env["TRITON_INTERPRET"] = "1"
         lib = bwrap.LIB if box is not None else str(package_link(settings.workdir))
-        argv = [sys.executable, "-I", "-u", "-c", _BOOT, lib,
+        pycache = bytecode.for_sandbox() if box is not None else None
+        argv = [sys.executable, "-I", *bytecode.options(pycache), "-u", "-c", _BOOT, lib,
                 "--requests-fd", str(req_r), "--fd", str(rep_w), "--file-mb", str(settings.result_cap_mb)]
         if settings.memory_mb and settings.device != "cuda":  # CUDA needs a huge address space: see processes.py
             argv += ["--memory-mb", str(settings.memory_mb)]
@@ -103,7 +104,7 @@ class Worker:
             import grader
 
             binds = bwrap.worker_binds(submission=root, package=Path(grader.__file__).resolve().parent,
-                                       scratch=cwd, triton_cache=cache_dir)
+                                       scratch=cwd, triton_cache=cache_dir, pycache=pycache)
             argv, env = box.command(argv, binds=binds, env=env, cwd=home), {}
         rss = settings.memory_mb * MB if settings.memory_mb else None
         try:

@@ -6,6 +6,7 @@ Inside, the worker sees only::
     /sandbox/submission     the student's copy of their implementation tree (read-only)
     /sandbox/lib/grader     the grader package (read-only; /sandbox/lib goes first on sys.path)
     /sandbox/triton-cache   the student's own Triton cache (shared by that student's workers only)
+    /sandbox/pycache        the Python bytecode the grader compiled for the sandboxes (read-only; see bytecode.py)
     /tmp                    a private scratch folder: the working directory, HOME and TMPDIR
     /usr /bin /lib* ...     the system, a few /etc entries, the Python installation and its venv (read-only)
     /sys                    read-only; /dev: a minimal one, plus the NVIDIA device nodes on CUDA
@@ -38,6 +39,7 @@ SUBMISSION = "/sandbox/submission"
 LIB = "/sandbox/lib"
 PACKAGE = f"{LIB}/grader"
 TRITON_CACHE = "/sandbox/triton-cache"
+PYCACHE = "/sandbox/pycache"
 SCRATCH = "/tmp"
 NOBODY = 65534
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
@@ -113,11 +115,15 @@ class Sandbox:
         return [*args, "--chdir", cwd, "--", *argv]
 
 
-def worker_binds(*, submission: Path, package: Path, scratch: Path, triton_cache: Path | None) -> list[Bind]:
-    """What one worker sees besides the system: its submission, the grader, its scratch and its Triton cache."""
+def worker_binds(*, submission: Path, package: Path, scratch: Path, triton_cache: Path | None,
+                 pycache: Path | None = None) -> list[Bind]:
+    """What one worker sees besides the system: its submission, the grader, its scratch, its Triton cache and the
+    grader's compiled bytecode."""
     binds = [Bind(str(submission), SUBMISSION), Bind(str(package), PACKAGE), Bind(str(scratch), SCRATCH, "rw")]
     if triton_cache is not None:
         binds.append(Bind(str(triton_cache), TRITON_CACHE, "rw"))
+    if pycache is not None:
+        binds.append(Bind(str(pycache), PYCACHE))
     return binds
 
 

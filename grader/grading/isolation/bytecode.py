@@ -1,0 +1,146 @@
+"""Compiled bytecode for the sandboxed processes (workers and trusted timers).
+
+A sandbox shows the Python installation read-only, so a module whose ``.pyc`` is missing there is compiled from
+source by every process that imports it, and the ``.pyc`` is never written. Installations made without bytecode
+are common (``uv``'s default; container images with ``PYTHONDONTWRITEBYTECODE``): there each worker and timer
+compiled torch and triton from source (about 2.5 s of CPU per process for their first imports on an H100 host),
+and the modules imported later (CUDA's start, Triton's compiler) were compiled inside a case, while a turn alone
+waited for it.
+
+The grader (trusted, outside any sandbox) compiles that bytecode once into a cache of its own
+(``~/.cache/grader/pycache/<tag>``), which the sandboxes see read-only at ``/sandbox/pycache`` and Python reads
+through ``-X pycache_prefix`` (:func:`options`): the standard library, the installed packages the grader has
+imported (torch, numpy, ...) and triton, and the grader package as the sandbox shows it. Later gradings find it
+compiled and only check it. Where the cache cannot be written, the sandboxes go without it (as before).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+import threading
+from pathlib import Path
+
+from grader.grading.isolation import bwrap
+
+COMPILE_TIMEOUT_S = 600.0
+# Folders of the standard library and of packages that no worker imports (tests, GUIs, examples), and the installed
+# packages inside the standard library's folder (some installations keep them there: only those imported count)
+SKIP = ("test", "tests", "idlelib", "tkinter", "turtledemo", "lib2to3", "ensurepip", "site-packages", "dist-packages")
+
+_COMPILE = """
+import compileall, concurrent.futures, functools, importlib.util, json, os, py_compile, sys
+job = json.loads(sys.argv[1])
+skip = set(job["skip"])
+paths = list(job["files"])
+for folder in job["folders"]:
+    for here, dirs, names in os.walk(folder):
+        dirs[:] = [d for d in dirs if d not in skip and d != "__pycache__"]
+        paths += [os.path.join(here, n) for n in names if n.endswith(".py")]
+one = functools.partial(compileall.compile_file, quiet=2)  # skips a file whose bytecode is up to date
+if job["workers"] > 1 and len(paths) > 100:
+    with concurrent.futures.ProcessPoolExecutor(job["workers"]) as pool:
+        list(pool.map(one, paths, chunksize=64))
+else:
+    list(map(one, paths))
+for source, shown in job["mapped"]:  # the grader package, as the sandbox shows it
+    target = importlib.util.cache_from_source(shown)
+    try:
+        if os.stat(target).st_mtime >= os.stat(source).st_mtime:
+            continue
+    except OSError:
+        pass
+    py_compile.compile(source, cfile=target, dfile=shown, doraise=False, quiet=2)
+"""
+
+_lock = threading.Lock()
+_prepared: dict[tuple[str, str], Path | None] = {}
+
+
+def cache_dir() -> Path:
+    """Where the bytecode is kept: the user's cache folder, per Python version."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "grader" / "pycache" / sys.implementation.cache_tag
+
+
+def for_sandbox() -> Path | None:
+    """The bytecode cache for sandboxed processes (see :func:`prepared`)."""
+    import grader
+
+    return prepared(Path(grader.__file__).resolve().parent, bwrap.PACKAGE)
+
+
+def options(cache: Path | None) -> list[str]:
+    """The interpreter's options that make a sandboxed process read its bytecode from ``cache`` (none without)."""
+    return ["-X", f"pycache_prefix={bwrap.PYCACHE}"] if cache is not None else []
+
+
+def prepared(package: Path, package_in_sandbox: str) -> Path | None:
+    """The bytecode cache, compiled (once per grader process) for what the sandboxed processes import; None where it
+    could not be written or compiled (they then compile their imports themselves, as without it). ``package``: the
+    grader package, shown in the sandbox at ``package_in_sandbox``."""
+    key = (str(package), package_in_sandbox)
+    with _lock:  # the first worker of the batch compiles; the others wait for it
+        if key not in _prepared:
+            _prepared[key] = _compile(cache_dir(), package, package_in_sandbox)
+        return _prepared[key]
+
+
+def _compile(cache: Path, package: Path, package_in_sandbox: str) -> Path | None:
+    folders, files = installed_code()
+    mapped = [(str(source), os.path.join(package_in_sandbox, source.relative_to(package).as_posix()))
+              for source in sorted(package.rglob("*.py"))]
+    job = {"folders": folders, "files": files, "mapped": mapped, "skip": list(SKIP), "workers": os.cpu_count() or 1}
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run([sys.executable, "-I", "-X", f"pycache_prefix={cache}", "-c", _COMPILE, json.dumps(job)],
+                              capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError) as exc:
+        print(f"grader: the sandboxes' bytecode could not be compiled ({type(exc).__name__}: {exc}); each worker "
+              "compiles its imports itself", file=sys.stderr)
+        return None
+    if done.returncode != 0:
+        said = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
+        print(f"grader: the sandboxes' bytecode could not be compiled ({said}); each worker compiles its imports "
+              "itself", file=sys.stderr)
+        return None
+    return cache
+
+
+def installed_code() -> tuple[list[str], list[str]]:
+    """What a worker imports outside the grader package: the standard library, and each installed package (a
+    folder) or module (a file) that this process has imported, and triton (which the grader itself may not
+    import)."""
+    stdlib = sysconfig.get_paths()["stdlib"]
+    roots = {os.path.realpath(p) for p in _site_dirs()}
+    folders, files = [stdlib], []
+    modules = [m.__name__ for m in list(sys.modules.values()) if getattr(m, "__file__", None)]
+    for name in sorted({n.partition(".")[0] for n in modules} | {"triton"}):
+        spec = _find(name)
+        if spec is None or not spec.origin:
+            continue
+        origin = os.path.realpath(spec.origin)
+        if os.path.dirname(origin) not in roots and os.path.dirname(os.path.dirname(origin)) not in roots:
+            continue  # the standard library's (compiled above), the grader's own, or a module of the working tree
+        if spec.submodule_search_locations:
+            folders.append(os.path.dirname(spec.origin))
+        elif origin.endswith(".py"):
+            files.append(spec.origin)
+    return folders, files
+
+
+def _site_dirs() -> list[str]:
+    paths = sysconfig.get_paths()
+    found = [p for p in sys.path if os.path.basename(p) in ("site-packages", "dist-packages")]
+    return [p for p in {paths["purelib"], paths["platlib"]} if p] + found
+
+
+def _find(name: str):
+    try:
+        return importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None

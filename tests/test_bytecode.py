@@ -1,0 +1,112 @@
+"""The bytecode the grader compiles for its sandboxed processes (grader.grading.isolation.bytecode): a sandboxed
+process compiles none of torch's, triton's or the grader's modules from source (the sandbox shows the installation
+read-only: a missing ``.pyc`` would be compiled in every process, never written), and a cache that cannot be
+written leaves the sandboxes as they were."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import grader
+from grader.grading.isolation import bwrap, bytecode
+from tests.sandboxing import require_sandbox
+
+# Run in the sandbox: import what a worker imports, counting the modules compiled from source (not read as bytecode)
+_PROBE = """
+import importlib._bootstrap_external as external, json, sys
+sys.path.insert(0, sys.argv[1])
+compiled = []
+original = external.SourceLoader.source_to_code
+def counted(self, data, path, *, _optimize=-1):
+    compiled.append(path)
+    return original(self, data, path, _optimize=_optimize)
+external.SourceLoader.source_to_code = counted
+import torch, triton, triton.language
+import grader.grading.isolation.worker, grader.checks.execute, grader.speed.measure
+print(json.dumps(compiled))
+"""
+
+
+def _compiled_from_source(tmp_path: Path, cache: Path | None) -> list[str]:
+    sandbox = require_sandbox()
+    binds = bwrap.worker_binds(submission=tmp_path, package=Path(grader.__file__).resolve().parent,
+                               scratch=tmp_path, triton_cache=None, pycache=cache)
+    argv = sandbox.command([sys.executable, "-I", *bytecode.options(cache), "-c", _PROBE, bwrap.LIB], binds=binds,
+                           env={"PATH": "/usr/bin:/bin", "HOME": bwrap.SCRATCH}, cwd=bwrap.SCRATCH)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env={}, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_sandboxed_process_compiles_none_of_its_imports_from_source(tmp_path):
+    cache = bytecode.for_sandbox()
+    assert cache is not None
+    compiled = _compiled_from_source(tmp_path, cache)
+    assert [path for path in compiled if "/torch/" in path or "/triton/" in path or "/grader/" in path] == []
+
+
+def test_without_the_cache_the_sandboxed_process_compiles_its_imports_itself(tmp_path, monkeypatch):
+    """What the cache saves: given an empty cache folder, the same process compiles every module it imports
+    (the installation's own ``.pyc``, if it has any, are not looked for under a cache prefix)."""
+    empty = tmp_path / "empty-cache"
+    empty.mkdir()
+    compiled = _compiled_from_source(tmp_path, empty)
+    assert sum("/torch/" in path for path in compiled) > 100
+    assert any(path.startswith(f"{bwrap.PACKAGE}/") for path in compiled)
+
+
+def test_a_cache_that_cannot_be_written_leaves_the_sandboxes_without_it(tmp_path, monkeypatch, capsys):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
+    monkeypatch.setattr(bytecode, "_prepared", {})
+    assert bytecode.for_sandbox() is None
+    assert bytecode.options(None) == []
+    assert "could not be compiled" in capsys.readouterr().err
+
+
+def test_the_cache_holds_what_the_grader_imported_and_triton_and_not_the_working_tree():
+    import torch  # noqa: F401 - imported, as by the grader before its first worker
+
+    folders, files = bytecode.installed_code()
+    names = {Path(f).name for f in folders}
+    assert {"torch", "triton"} <= names
+    root = Path(grader.__file__).resolve().parents[1]
+    assert not any(Path(f).resolve().is_relative_to(root) for f in folders + files if "site-packages" not in f)
+
+
+@pytest.mark.parametrize("which", ["worker", "timer"])
+def test_workers_and_timers_are_started_reading_the_cache(tmp_path, monkeypatch, which):
+    """Both kinds of sandboxed process get the option and the cache, read-only (their start is faked here)."""
+    from grader.grading.config import RunSettings
+    from grader.grading.exercise_run import timer_process, workers
+    from grader.grading.isolation import processes
+
+    started: list[list[str]] = []
+
+    class Started(Exception):
+        pass
+
+    def fake_process(argv, **kwargs):
+        started.append(list(argv))
+        raise Started
+
+    monkeypatch.setattr(processes, "Process", fake_process)
+    settings = RunSettings(device="cpu", secret="", random_cases=0, timeout_s=60.0, call_timeout_s=30.0,
+                           memory_mb=None, speed_budget_s=1.0, workdir=tmp_path, sandbox=require_sandbox())
+    with pytest.raises(Started):
+        if which == "worker":
+            workers.Worker(settings, tmp_path, tmp_path, None, {})
+        else:
+            timer_process.Timer(settings, scratch=tmp_path, arbiter=None)
+    cache = bytecode.for_sandbox()
+    assert cache is not None
+    argv = started[0]
+    assert ["-X", f"pycache_prefix={bwrap.PYCACHE}"] == argv[argv.index("-I") + 1:argv.index("-I") + 3]
+    i = argv.index(bwrap.PYCACHE)
+    assert argv[i - 2:i] == ["--ro-bind", str(cache)]
