@@ -110,3 +110,23 @@ def test_workers_and_timers_are_started_reading_the_cache(tmp_path, monkeypatch,
     assert ["-X", f"pycache_prefix={bwrap.PYCACHE}"] == argv[argv.index("-I") + 1:argv.index("-I") + 3]
     i = argv.index(bwrap.PYCACHE)
     assert argv[i - 2:i] == ["--ro-bind", str(cache)]
+
+
+def test_two_checkouts_of_the_grader_package_never_share_stale_bytecode(tmp_path, monkeypatch):
+    """Every checkout is shown at the same path in the sandbox: its bytecode is checked against the source's hash,
+    so a module of the same size and time but other contents is compiled again (and checked again at import)."""
+    import importlib.util
+    import os
+
+    monkeypatch.setattr(bytecode, "installed_code", lambda: ([], []))
+    package, cache = tmp_path / "checkout", tmp_path / "cache"
+    package.mkdir()
+    module = package / "m.py"
+    compiled = cache / "sandbox" / "lib" / "grader" / f"m.{sys.implementation.cache_tag}.pyc"
+    for text in ("X = 1\n", "X = 2\n"):
+        module.write_text(text)
+        os.utime(module, (1_000_000, 1_000_000))
+        assert bytecode._compile(cache, package, bwrap.PACKAGE) == cache
+        header = compiled.read_bytes()[:16]
+        assert int.from_bytes(header[4:8], "little") == 3  # hash-based, checked at each import
+        assert header[8:] == importlib.util.source_hash(text.encode())

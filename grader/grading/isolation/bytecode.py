@@ -3,15 +3,16 @@
 A sandbox shows the Python installation read-only, so a module whose ``.pyc`` is missing there is compiled from
 source by every process that imports it, and the ``.pyc`` is never written. Installations made without bytecode
 are common (``uv``'s default; container images with ``PYTHONDONTWRITEBYTECODE``): there each worker and timer
-compiled torch and triton from source (about 2.5 s of CPU per process for their first imports on an H100 host),
-and the modules imported later (CUDA's start, Triton's compiler) were compiled inside a case, while a turn alone
-waited for it.
+compiled torch and triton from source, and the modules imported later (CUDA's start, Triton's compiler) inside a
+case, while a turn alone waited for it (docs/performance.md measures it).
 
 The grader (trusted, outside any sandbox) compiles that bytecode once into a cache of its own
 (``~/.cache/grader/pycache/<tag>``), which the sandboxes see read-only at ``/sandbox/pycache`` and Python reads
 through ``-X pycache_prefix`` (:func:`options`): the standard library, the installed packages the grader has
 imported (torch, numpy, ...) and triton, and the grader package as the sandbox shows it. Later gradings find it
-compiled and only check it. Where the cache cannot be written, the sandboxes go without it (as before).
+compiled and only check it. The grader package's bytecode is checked against its source's hash (every checkout is
+shown at the same path), the rest against the source's time and size. Where the cache cannot be written, the
+sandboxes go without it.
 """
 
 from __future__ import annotations
@@ -47,14 +48,22 @@ if job["workers"] > 1 and len(paths) > 100:
         list(pool.map(one, paths, chunksize=64))
 else:
     list(map(one, paths))
-for source, shown in job["mapped"]:  # the grader package, as the sandbox shows it
+# The grader package, as the sandbox shows it: two checkouts of it share these names, so their bytecode says which
+# source it was compiled from (its hash, checked at each import), not a time and a size that both could have
+for source, shown in job["mapped"]:
     target = importlib.util.cache_from_source(shown)
+    with open(source, "rb") as f:
+        digest = importlib.util.source_hash(f.read())
     try:
-        if os.stat(target).st_mtime >= os.stat(source).st_mtime:
-            continue
+        with open(target, "rb") as f:
+            header = f.read(16)
     except OSError:
-        pass
-    py_compile.compile(source, cfile=target, dfile=shown, doraise=False, quiet=2)
+        header = b""
+    checked_hash = int.from_bytes(header[4:8], "little") == 3  # PEP 552: hash-based, checked at import
+    if header[:4] == importlib.util.MAGIC_NUMBER and checked_hash and header[8:] == digest:
+        continue
+    py_compile.compile(source, cfile=target, dfile=shown, doraise=False, quiet=2,
+                       invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
 """
 
 _lock = threading.Lock()
@@ -94,7 +103,8 @@ def _compile(cache: Path, package: Path, package_in_sandbox: str) -> Path | None
     folders, files = installed_code()
     mapped = [(str(source), os.path.join(package_in_sandbox, source.relative_to(package).as_posix()))
               for source in sorted(package.rglob("*.py"))]
-    job = {"folders": folders, "files": files, "mapped": mapped, "skip": list(SKIP), "workers": os.cpu_count() or 1}
+    job = {"folders": folders, "files": files, "mapped": mapped, "skip": list(SKIP),
+           "workers": min(16, os.cpu_count() or 1)}
     try:
         cache.mkdir(parents=True, exist_ok=True)
         done = subprocess.run([sys.executable, "-I", "-X", f"pycache_prefix={cache}", "-c", _COMPILE, json.dumps(job)],
