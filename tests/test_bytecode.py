@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -43,7 +44,14 @@ def _compiled_from_source(tmp_path: Path, cache: Path | None) -> list[str]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_a_sandboxed_process_compiles_none_of_its_imports_from_source(tmp_path):
+@pytest.fixture
+def without_bytecode(monkeypatch):
+    """An installation without bytecode of its own (uv's default, images with PYTHONDONTWRITEBYTECODE), as the
+    grader sees it."""
+    monkeypatch.setattr(bytecode, "installation_has_bytecode", lambda: False)
+
+
+def test_a_sandboxed_process_compiles_none_of_its_imports_from_source(tmp_path, without_bytecode):
     cache = bytecode.for_sandbox()
     assert cache is not None
     compiled = _compiled_from_source(tmp_path, cache)
@@ -60,7 +68,8 @@ def test_without_the_cache_the_sandboxed_process_compiles_its_imports_itself(tmp
     assert any(path.startswith(f"{bwrap.PACKAGE}/") for path in compiled)
 
 
-def test_a_cache_that_cannot_be_written_leaves_the_sandboxes_without_it(tmp_path, monkeypatch, capsys):
+def test_a_cache_that_cannot_be_written_leaves_the_sandboxes_without_it(tmp_path, monkeypatch, capsys,
+                                                                       without_bytecode):
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("")
     monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
@@ -70,18 +79,26 @@ def test_a_cache_that_cannot_be_written_leaves_the_sandboxes_without_it(tmp_path
     assert "could not be compiled" in capsys.readouterr().err
 
 
-def test_the_cache_holds_what_the_grader_imported_and_triton_and_not_the_working_tree():
-    import torch  # noqa: F401 - imported, as by the grader before its first worker
-
+def test_the_cache_holds_torch_triton_numpy_and_what_they_require_but_not_their_tests():
     folders, files = bytecode.installed_code()
-    names = {Path(f).name for f in folders}
-    assert {"torch", "triton"} <= names
+    tops = {part for f in files for part in Path(f).parts if part in ("torch", "triton", "numpy", "sympy")}
+    assert tops == {"torch", "triton", "numpy", "sympy"}  # sympy: torch requires it, and imports it lazily
+    assert not any(part in ("test", "tests") for f in files for part in Path(f).parts)
     root = Path(grader.__file__).resolve().parents[1]
-    assert not any(Path(f).resolve().is_relative_to(root) for f in folders + files if "site-packages" not in f)
+    assert not any(Path(f).resolve().is_relative_to(root / "grader") for f in files)
+    assert folders == [sysconfig.get_paths()["stdlib"]]
+
+
+def test_an_installation_with_its_own_bytecode_is_left_as_it_is(monkeypatch):
+    """pip writes bytecode beside the sources: the sandboxes read it there, with no cache prefix (which would hide
+    it for every package left out of the cache)."""
+    monkeypatch.setattr(bytecode, "installation_has_bytecode", lambda: True)
+    assert bytecode.for_sandbox() is None
+    assert bytecode.options(None) == []
 
 
 @pytest.mark.parametrize("which", ["worker", "timer"])
-def test_workers_and_timers_are_started_reading_the_cache(tmp_path, monkeypatch, which):
+def test_workers_and_timers_are_started_reading_the_cache(tmp_path, monkeypatch, which, without_bytecode):
     """Both kinds of sandboxed process get the option and the cache, read-only (their start is faked here)."""
     from grader.grading.config import RunSettings
     from grader.grading.exercise_run import timer_process, workers

@@ -8,18 +8,21 @@ case, while a turn alone waited for it (docs/performance.md measures it).
 
 The grader (trusted, outside any sandbox) compiles that bytecode once into a cache of its own
 (``~/.cache/grader/pycache/<tag>``), which the sandboxes see read-only at ``/sandbox/pycache`` and Python reads
-through ``-X pycache_prefix`` (:func:`options`): the standard library, the installed packages the grader has
-imported (torch, numpy, ...) and triton, and the grader package as the sandbox shows it. Later gradings find it
-compiled and only check it. The grader package's bytecode is checked against its source's hash (every checkout is
-shown at the same path), the rest against the source's time and size. Where the cache cannot be written, the
-sandboxes go without it.
+through ``-X pycache_prefix`` (:func:`options`): the standard library, the installed distributions torch, triton
+and numpy and all they require, and the grader package as the sandbox shows it. Later gradings find it compiled
+and only check it. The grader package's bytecode is checked against its source's hash (every checkout is shown at
+the same path), the rest against the source's time and size. Where the cache cannot be written, the sandboxes go
+without it. Where the installation has its own bytecode (pip's default) none of this is done: a cache prefix hides
+the bytecode beside the sources, so a package left out of the cache would be compiled again in every process.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import sysconfig
@@ -29,13 +32,14 @@ from pathlib import Path
 from grader.grading.isolation import bwrap
 
 COMPILE_TIMEOUT_S = 600.0
-# Folders of the standard library and of packages that no worker imports (tests, GUIs, examples), and the installed
-# packages inside the standard library's folder (some installations keep them there: only those imported count)
+WORKER_DISTRIBUTIONS = ("torch", "triton", "numpy")  # what a worker imports, with what they require
+# Folders of the standard library and of distributions that no worker imports (tests, GUIs, examples), and the
+# installed packages inside the standard library's folder (some installations keep them there: only those needed count)
 SKIP = ("test", "tests", "idlelib", "tkinter", "turtledemo", "lib2to3", "ensurepip", "site-packages", "dist-packages")
 
 _COMPILE = """
 import compileall, concurrent.futures, functools, importlib.util, json, os, py_compile, sys
-job = json.loads(sys.argv[1])
+job = json.load(sys.stdin)
 skip = set(job["skip"])
 paths = list(job["files"])
 for folder in job["folders"]:
@@ -77,9 +81,12 @@ def cache_dir() -> Path:
 
 
 def for_sandbox() -> Path | None:
-    """The bytecode cache for sandboxed processes (see :func:`prepared`)."""
+    """The bytecode cache for sandboxed processes (see :func:`prepared`); None where the installation has its own
+    bytecode (the sandboxes read it where it is: a cache prefix would hide it)."""
     import grader
 
+    if installation_has_bytecode():
+        return None
     return prepared(Path(grader.__file__).resolve().parent, bwrap.PACKAGE)
 
 
@@ -107,8 +114,8 @@ def _compile(cache: Path, package: Path, package_in_sandbox: str) -> Path | None
            "workers": min(16, os.cpu_count() or 1)}
     try:
         cache.mkdir(parents=True, exist_ok=True)
-        done = subprocess.run([sys.executable, "-I", "-X", f"pycache_prefix={cache}", "-c", _COMPILE, json.dumps(job)],
-                              capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S, stdin=subprocess.DEVNULL)
+        done = subprocess.run([sys.executable, "-I", "-X", f"pycache_prefix={cache}", "-c", _COMPILE],
+                              input=json.dumps(job), capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
     except (OSError, subprocess.SubprocessError) as exc:
         print(f"grader: the sandboxes' bytecode could not be compiled ({type(exc).__name__}: {exc}); each worker "
               "compiles its imports itself", file=sys.stderr)
@@ -121,32 +128,43 @@ def _compile(cache: Path, package: Path, package_in_sandbox: str) -> Path | None
     return cache
 
 
+def installation_has_bytecode() -> bool:
+    """Whether the installation keeps its own bytecode beside its sources (pip's default), which the sandboxes then
+    read as it is; judged by torch's, the largest import."""
+    spec = _find("torch")
+    return spec is None or not spec.origin or os.path.exists(importlib.util.cache_from_source(spec.origin))
+
+
 def installed_code() -> tuple[list[str], list[str]]:
-    """What a worker imports outside the grader package: the standard library, and each installed package (a
-    folder) or module (a file) that this process has imported, and triton (which the grader itself may not
-    import)."""
-    stdlib = sysconfig.get_paths()["stdlib"]
-    roots = {os.path.realpath(p) for p in _site_dirs()}
-    folders, files = [stdlib], []
-    modules = [m.__name__ for m in list(sys.modules.values()) if getattr(m, "__file__", None)]
-    for name in sorted({n.partition(".")[0] for n in modules} | {"triton"}):
-        spec = _find(name)
-        if spec is None or not spec.origin:
+    """What a worker imports outside the grader package: the standard library (a folder), and the Python files of
+    the installed distributions that torch, triton and numpy need (their requirements, followed), but their
+    tests."""
+    files = []
+    for dist in _needed(WORKER_DISTRIBUTIONS):
+        for path in dist.files or ():
+            if path.suffix == ".py" and not any(part in SKIP for part in path.parts[:-1]):
+                files.append(str(dist.locate_file(path)))
+    return [sysconfig.get_paths()["stdlib"]], files
+
+
+def _needed(names: tuple[str, ...]) -> list[importlib.metadata.Distribution]:
+    """The installed distributions ``names`` and those they require, followed (optional extras left out)."""
+    found: dict[str, importlib.metadata.Distribution] = {}
+    todo = list(names)
+    while todo:
+        name = todo.pop()
+        key = re.sub(r"[-_.]+", "-", name).lower()
+        if key in found:
             continue
-        origin = os.path.realpath(spec.origin)
-        if os.path.dirname(origin) not in roots and os.path.dirname(os.path.dirname(origin)) not in roots:
-            continue  # the standard library's (compiled above), the grader's own, or a module of the working tree
-        if spec.submodule_search_locations:
-            folders.append(os.path.dirname(spec.origin))
-        elif origin.endswith(".py"):
-            files.append(spec.origin)
-    return folders, files
-
-
-def _site_dirs() -> list[str]:
-    paths = sysconfig.get_paths()
-    found = [p for p in sys.path if os.path.basename(p) in ("site-packages", "dist-packages")]
-    return [p for p in {paths["purelib"], paths["platlib"]} if p] + found
+        try:
+            dist = importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        found[key] = dist
+        for requirement in dist.requires or ():
+            if "extra ==" not in requirement:
+                todo += re.findall(r"^[A-Za-z0-9._-]+", requirement)
+    return list(found.values())
 
 
 def _find(name: str):
