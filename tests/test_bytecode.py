@@ -28,7 +28,10 @@ def counted(self, data, path, *, _optimize=-1):
     return original(self, data, path, _optimize=_optimize)
 external.SourceLoader.source_to_code = counted
 import torch, triton, triton.language
-import grader.grading.isolation.worker, grader.checks.execute, grader.speed.measure
+from grader import exercises
+exercises.all_exercises()  # what a worker and a trusted timer import
+import grader.grading.isolation.worker, grader.checks.execute, grader.checks.compile_ahead, grader.speed.autotune
+import grader.speed.measure, grader.speed.recorder, grader.speed.timer, grader.speed.trusted
 print(json.dumps(compiled))
 """
 
@@ -55,7 +58,7 @@ def test_a_sandboxed_process_compiles_none_of_its_imports_from_source(tmp_path, 
     cache = bytecode.for_sandbox()
     assert cache is not None
     compiled = _compiled_from_source(tmp_path, cache)
-    assert [path for path in compiled if "/torch/" in path or "/triton/" in path or "/grader/" in path] == []
+    assert compiled == []
 
 
 def test_without_the_cache_the_sandboxed_process_compiles_its_imports_itself(tmp_path, monkeypatch):
