@@ -33,6 +33,8 @@ from grader.grading.isolation import bwrap
 
 COMPILE_TIMEOUT_S = 600.0
 WORKER_DISTRIBUTIONS = ("torch", "triton", "numpy")  # what a worker imports, with what they require
+SAMPLE = (("torch", "torch/__init__.py"), ("torch", "torch/_dynamo/__init__.py"), ("triton", "triton/__init__.py"),
+          ("triton", "triton/compiler/compiler.py"))
 # Folders of the standard library and of distributions that no worker imports (tests, GUIs, examples), and the
 # installed packages inside the standard library's folder (some installations keep them there: only those needed count)
 SKIP = ("test", "tests", "idlelib", "tkinter", "turtledemo", "lib2to3", "ensurepip", "site-packages", "dist-packages")
@@ -130,9 +132,16 @@ def _compile(cache: Path, package: Path, package_in_sandbox: str) -> Path | None
 
 def installation_has_bytecode() -> bool:
     """Whether the installation keeps its own bytecode beside its sources (pip's default), which the sandboxes then
-    read as it is; judged by torch's, the largest import."""
-    spec = _find("torch")
-    return spec is None or not spec.origin or os.path.exists(importlib.util.cache_from_source(spec.origin))
+    read as it is. Judged by modules a worker imports, some only later (the grader's own imports may have written
+    bytecode for the others)."""
+    for distribution, module in SAMPLE:
+        try:
+            source = importlib.metadata.distribution(distribution).locate_file(module)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        if os.path.exists(source) and not os.path.exists(importlib.util.cache_from_source(str(source))):
+            return False
+    return True
 
 
 def installed_code() -> tuple[list[str], list[str]]:
@@ -165,10 +174,3 @@ def _needed(names: tuple[str, ...]) -> list[importlib.metadata.Distribution]:
             if "extra ==" not in requirement:
                 todo += re.findall(r"^[A-Za-z0-9._-]+", requirement)
     return list(found.values())
-
-
-def _find(name: str):
-    try:
-        return importlib.util.find_spec(name)
-    except (ImportError, ValueError):
-        return None
