@@ -8,8 +8,9 @@ case, while a turn alone waited for it (docs/performance.md measures it).
 
 The grader (trusted, outside any sandbox) compiles that bytecode once into a cache of its own
 (``~/.cache/grader/pycache/<tag>``), which the sandboxes see read-only at ``/sandbox/pycache`` and Python reads
-through ``-X pycache_prefix`` (:func:`options`): the standard library, the installed distributions torch, triton
-and numpy and all they require, and the grader package as the sandbox shows it. Later gradings find it compiled
+through ``-X pycache_prefix`` (:func:`options`): the standard library, the installed distributions torch, triton,
+numpy, the grader's own and those the grader has imported, with all they require, and the grader package as the
+sandbox shows it. Later gradings find it compiled
 and only check it. The grader package's bytecode is checked against its source's hash (every checkout is shown at
 the same path), the rest against the source's time and size. Where the cache cannot be written, the sandboxes go
 without it. Where the installation has its own bytecode (pip's default) none of this is done: a cache prefix hides
@@ -145,14 +146,23 @@ def installation_has_bytecode() -> bool:
 
 
 def installed_code() -> tuple[list[str], list[str]]:
-    """What a worker imports outside the grader package: the standard library (a folder), and the Python files of
-    the installed distributions that torch, triton and numpy need (their requirements, followed), but their
-    tests."""
+    """What a worker may import outside the grader package: the standard library (a folder), and the Python files
+    (but their tests) of the installed distributions that torch, triton, numpy and the grader require (followed),
+    and of those this process has imported (what the others import where it is installed, such as pytest)."""
+    names = list(WORKER_DISTRIBUTIONS)
+    owners = importlib.metadata.packages_distributions()
+    for module in list(sys.modules):
+        names += owners.get(module.partition(".")[0], [])
+    import grader
+
+    own = str(Path(grader.__file__).resolve().parent) + os.sep  # compiled as the sandbox shows it instead
     files = []
-    for dist in _needed(WORKER_DISTRIBUTIONS):
+    for dist in _needed(tuple(dict.fromkeys(names))):
         for path in dist.files or ():
             if path.suffix == ".py" and not any(part in SKIP for part in path.parts[:-1]):
-                files.append(str(dist.locate_file(path)))
+                located = str(dist.locate_file(path))
+                if not os.path.realpath(located).startswith(own):
+                    files.append(located)
     return [sysconfig.get_paths()["stdlib"]], files
 
 
