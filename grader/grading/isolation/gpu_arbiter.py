@@ -242,11 +242,8 @@ class GpuArbiter:
     def _serve(self) -> None:
         while True:
             with self._cond:
-                while not self._queue:
+                while (turn := self._pop_live()) is None:
                     self._cond.wait()
-                turn = self._queue.popleft()
-                if turn.client is not None and turn.client.gone:
-                    continue
                 self._turn = True
                 others = [c for c in self._clients if c is not turn.client and not c.gone]
                 self._paused = list(others)
@@ -283,7 +280,11 @@ class GpuArbiter:
     def _next_in_chain(self, chain_started: float) -> _Turn | None:
         """The turn that follows the one just over without the others continuing in between, if one was asked
         for and the chain has not lasted :data:`MAX_CHAIN_S` (called holding the lock)."""
-        while self._queue and time.monotonic() - chain_started < MAX_CHAIN_S:
+        return self._pop_live() if time.monotonic() - chain_started < MAX_CHAIN_S else None
+
+    def _pop_live(self) -> _Turn | None:
+        """The first queued turn whose process is still there, if any (called holding the lock)."""
+        while self._queue:
             turn = self._queue.popleft()
             if turn.client is None or not turn.client.gone:
                 return turn
