@@ -7,6 +7,7 @@ autotuner timing its configs has the GPU alone once per choice."""
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 
@@ -407,6 +408,8 @@ def test_the_profile_says_how_long_turns_waited_behind_each_other(monkeypatch):
     queued = float(line.split("for their turn (that wait included) ")[1].split(" s")[0])
     drained = float(line.split("before them ")[1].split(" s")[0])
     assert queued >= 0.4 and drained < 0.3, line
+    held = float(line.split("the workers' autotuning ")[1].split(" s")[0])  # both turns were workers'
+    assert held >= 0.5 and "the trusted timers' rounds" not in line, line
 
 
 def _bytes_sent(monkeypatch) -> list[tuple[str, bytes]]:
@@ -499,6 +502,84 @@ def test_the_process_whose_turn_ended_finishes_its_gpu_work_before_the_next_turn
     assert arbiter.chained == 1
 
 
+def test_the_time_a_process_waits_to_use_the_gpu_during_a_turn_is_counted_and_a_compiling_ones_is_not():
+    """``--profile`` says how much of the processes' work the turns held up: a process paused while it waits to use
+    the GPU counts from the moment it asks until the turn is over; one paused while it compiles counts nothing."""
+    arbiter = GpuArbiter()
+    waiting, compiling = ThreadProcess(arbiter, "waiting"), ThreadProcess(arbiter, "compiling")
+    timer = ThreadProcess(arbiter, "timer", role="timer")
+    granted, done = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with timer.gate.alone():
+            granted.set()
+            time.sleep(0.6)
+
+    def compile_then_wait() -> None:
+        with compiling.gate.use(), compiling.gate.released():
+            done.wait(10)  # compiling through the whole turn: it never asks for the GPU meanwhile
+
+    t = threading.Thread(target=hold)
+    c = threading.Thread(target=compile_then_wait)
+    c.start()
+    t.start()
+    assert granted.wait(10)
+    time.sleep(0.2)
+    asked = time.monotonic()
+    with waiting.gate.use():  # held up until the turn is over
+        held_up = time.monotonic() - asked
+    t.join(10)
+    done.set()
+    c.join(10)
+    assert held_up > 0.2
+    assert abs(waiting.client.blocked_s - held_up) < 0.15, (waiting.client.blocked_s, held_up)
+    assert compiling.client.blocked_s == 0.0 and compiling.client.waited_s > 0.5  # paused, not held up
+    assert arbiter.blocked_by_role == {"worker": waiting.client.blocked_s}
+    assert arbiter.alone_by_role["timer"] >= 0.6
+
+
+def test_a_paused_process_says_once_per_pause_that_it_waits_to_use_the_gpu():
+    """The process's side, on bare pipes: "W" once per pause however many of its threads wait, and again in the
+    next pause; none while it may use the GPU."""
+    to_gate_r, to_gate_w = os.pipe()
+    from_gate_r, from_gate_w = os.pipe()
+    os.write(to_gate_w, b"C")
+    gate = gpu_gate.Gate(to_gate_r, from_gate_w)
+    os.set_blocking(from_gate_r, False)
+
+    def said() -> bytes:
+        time.sleep(0.2)
+        try:
+            return os.read(from_gate_r, 100)
+        except BlockingIOError:
+            return b""
+
+    def use_the_gpu() -> None:
+        with gate.use():
+            pass
+
+    try:
+        use_the_gpu()
+        assert said() == b""
+        for _ in range(2):  # two pauses
+            os.write(to_gate_w, b"P")
+            assert said() == b"D"
+            threads = [threading.Thread(target=use_the_gpu) for _ in range(3)]
+            for t in threads:
+                t.start()
+            assert said() == b"W"
+            assert all(t.is_alive() for t in threads)  # paused: they wait
+            os.write(to_gate_w, b"C")
+            for t in threads:
+                t.join(10)
+            assert said() == b""
+    finally:
+        os.close(to_gate_w)  # the arbiter gone: the gate's listener ends
+        gate.listener.join(5)
+        for fd in (to_gate_r, from_gate_r, from_gate_w):
+            os.close(fd)
+
+
 def test_a_process_may_take_two_turns_in_a_row():
     arbiter = GpuArbiter()
     process = ThreadProcess(arbiter, "process")
@@ -565,3 +646,10 @@ def test_a_worker_at_a_niceness_is_reniced_while_a_turn_waits_for_it(tmp_path):
         assert niceness() == {7}
     finally:
         process.stop()
+
+
+def test_the_profile_says_how_long_processes_waited_to_use_the_gpu_during_turns():
+    from grader.grading.batch.profiling import blocked_text
+
+    assert blocked_text({"timer": 0.5, "worker": 3.25}) == (
+        "waiting to use the GPU while it was held alone (held up, not compiling): workers 3.2 s, trusted timers 0.5 s")

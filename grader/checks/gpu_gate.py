@@ -14,8 +14,9 @@ alone. A process holds a :class:`Gate` (two pipes to the arbiter of its GPU) and
   meanwhile; only its next ``use()`` waits until the arbiter lets it continue.
 
 The bytes on the pipes: from the arbiter ``P`` (pause), ``C`` (continue), ``G`` (the GPU is yours alone); to it
-``D`` (paused: nothing of ours runs on the GPU), ``A`` (asking for it alone), ``R`` (done with it). The arbiter
-sends ``P`` or ``C`` first, so a process knows from its start whether it may use the GPU.
+``D`` (paused: nothing of ours runs on the GPU), ``W`` (paused, and a thread of ours waits to use it: said once
+per pause), ``A`` (asking for it alone), ``R`` (done with it). The arbiter sends ``P`` or ``C`` first, so a
+process knows from its start whether it may use the GPU.
 
 Student code runs in the worker and can ignore all this (start kernels from a thread of its own, say): that
 only disturbs the timing of others, as it could without a gate; what a gate guarantees holds for the grader's
@@ -76,6 +77,7 @@ class Gate(NoGate):
         self._local = threading.local()
         self._users = 0  # threads inside use() and not released()
         self._paused = False
+        self._wants = False  # paused, and a thread waits in use(): the arbiter was told (once per pause)
         self._granted = False
         self._closed = False
         self._paused_since = 0.0
@@ -135,6 +137,9 @@ class Gate(NoGate):
 
     def _enter(self) -> None:
         with self._cond:
+            if self._paused and not self._wants:
+                self._wants = True
+                self._send(b"W")  # held up by the turn, not compiling: what --profile counts
             while self._paused:
                 self._cond.wait()
             self._users += 1
@@ -158,7 +163,7 @@ class Gate(NoGate):
             elif byte == b"C":
                 with self._cond:
                     waited = time.monotonic() - self._paused_since if self._paused else 0.0
-                    self._paused = False
+                    self._paused = self._wants = False
                     self._cond.notify_all()
                 self._waited(waited)
             elif byte == b"G":

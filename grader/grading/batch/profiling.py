@@ -63,12 +63,15 @@ def report(progress: Progress, slots: list[Slot], *, submissions: int,
             arbiter = slot.arbiter
             assert arbiter is not None
             lines.append(f"  {slot.describe()}: {slot.capacity} run(s) at once; held alone {arbiter.alone_s:.1f} s "
-                         f"({100 * arbiter.alone_s / wall if wall > 0 else 0:.0f}% of the wall time) in "
+                         f"({100 * arbiter.alone_s / wall if wall > 0 else 0:.0f}% of the wall time"
+                         f"{alone_text(arbiter.alone_by_role)}) in "
                          f"{arbiter.alone_count} turn(s), {arbiter.chained} of them right after another; "
                          f"waiting for the others' GPU work before them "
                          f"{arbiter.drain_s:.1f} s in all, for their turn (that wait included) {arbiter.queue_s:.1f} s")
             if arbiter.held_up_by:
                 lines.append("    the last to pause before a turn: " + held_up_text(arbiter.held_up_by))
+            if arbiter.blocked_by_role:
+                lines.append("    " + blocked_text(arbiter.blocked_by_role))
             refs = gpu_references.of(arbiter)
             if refs is not None:
                 lines.append(f"    the grader's float64 references: {refs.on_gpu} on this GPU, {refs.on_cpu} on the CPU"
@@ -126,6 +129,24 @@ def processes_cpu_text(cpu_by_step: dict[str, float], submissions: int) -> str:
 
 
 ROLES = {"worker": "workers", "timer": "trusted timers", "grader": "the grader's references"}
+
+
+ALONE = {"worker": "the workers' autotuning", "timer": "the trusted timers' rounds", "grader": "the grader's own"}
+
+
+def alone_text(alone_by_role: dict[str, float]) -> str:
+    """What the GPU was held alone for, by whom (", the trusted timers' rounds 55.6 s, the workers' autotuning
+    58.4 s")."""
+    return "".join(f", {ALONE.get(role, role)} {seconds:.1f} s"
+                   for role, seconds in sorted(alone_by_role.items(), key=lambda kv: -kv[1]))
+
+
+def blocked_text(blocked_by_role: dict[str, float]) -> str:
+    """How long the processes waited to use the GPU while it was held alone, by role: the work the turns held up
+    (a process paused while it compiles is not counted)."""
+    roles = ", ".join(f"{ROLES.get(role, role)} {seconds:.1f} s" for role, seconds in
+                      sorted(blocked_by_role.items(), key=lambda kv: -kv[1]))
+    return f"waiting to use the GPU while it was held alone (held up, not compiling): {roles}"
 
 
 def held_up_text(held_up_by: dict[tuple[str, str], list[float]]) -> str:

@@ -54,6 +54,8 @@ class Client:
         self.hurry: Callable[[bool], None] | None = None
         self._hurried = False
         self.waited_s = 0.0  # paused by others, or waiting for the GPU alone: not the process's own time
+        self.blocked_s = 0.0  # of that, with a thread waiting to use the GPU (said "W"): held up, not compiling
+        self._wants_since: float | None = None
         self._pausing = False
         self._paused_since: float | None = None
         self._asked_at: float | None = None
@@ -104,7 +106,11 @@ class Client:
         elif byte == b"C":
             if self._paused_since is not None:
                 self.waited_s += now - self._paused_since
-            self._pausing, self._paused_since = False, None
+            if self._wants_since is not None:
+                self.blocked_s += now - self._wants_since
+                self.arbiter.blocked_by_role[self.role] = self.arbiter.blocked_by_role.get(self.role, 0.0) + (
+                    now - self._wants_since)
+            self._pausing, self._paused_since, self._wants_since = False, None, None
         elif byte == b"G" and self._asked_at is not None:
             self.waited_s += now - self._asked_at
             self._asked_at = None
@@ -124,6 +130,10 @@ class Client:
                     if self._pauses_answered >= self._pauses_sent:  # the answer to the latest pause
                         self.drained.set()
                         self._hurry(False)
+            elif byte == b"W":
+                with self._send_lock:  # a "W" read after the "C" that answered it is stale
+                    if self._pausing and self._wants_since is None:
+                        self._wants_since = time.monotonic()
             elif byte == b"A":
                 self._asked_at = time.monotonic()
                 self.arbiter._ask(self)
@@ -187,9 +197,12 @@ class GpuArbiter:
         self._turn = False
         self.alone_s = 0.0  # held alone, in all
         self.alone_count = 0
+        self.alone_by_role: dict[str, float] = {}  # role -> seconds its processes held the GPU alone
         self.drain_s = 0.0  # waiting for the others' GPU work to finish, before each turn
         self.queue_s = 0.0  # requests waiting for their turn (the drain included), in all
         self.chained = 0  # turns that followed another without the others continuing in between
+        # role -> seconds its processes waited to use the GPU while paused (held up by the turns, not compiling)
+        self.blocked_by_role: dict[str, float] = {}
         # (role, what it was doing) -> [turns, seconds]: the last to pause before a turn
         self.held_up_by: dict[tuple[str, str], list[float]] = {}
         threading.Thread(target=self._serve, name="gpu-arbiter", daemon=True).start()
@@ -254,7 +267,10 @@ class GpuArbiter:
                 turn.grant()
                 turn.done.wait()
                 with self._cond:
-                    self.alone_s += time.monotonic() - granted
+                    held = time.monotonic() - granted
+                    role = turn.client.role if turn.client is not None else "grader"
+                    self.alone_s += held
+                    self.alone_by_role[role] = self.alone_by_role.get(role, 0.0) + held
                     self.alone_count += 1
                     ended, turn = turn.client, self._next_in_chain(chain_started)
                     if turn is None:
