@@ -64,14 +64,14 @@ def report(progress: Progress, slots: list[Slot], *, submissions: int,
             assert arbiter is not None
             lines.append(f"  {slot.describe()}: {slot.capacity} run(s) at once; held alone {arbiter.alone_s:.1f} s "
                          f"({100 * arbiter.alone_s / wall if wall > 0 else 0:.0f}% of the wall time"
-                         f"{alone_text(arbiter.alone_by_role)}) in "
+                         f"{alone_text(dict(arbiter.alone_by_role))}) in "
                          f"{arbiter.alone_count} turn(s), {arbiter.chained} of them right after another; "
                          f"waiting for the others' GPU work before them "
                          f"{arbiter.drain_s:.1f} s in all, for their turn (that wait included) {arbiter.queue_s:.1f} s")
             if arbiter.held_up_by:
                 lines.append("    the last to pause before a turn: " + held_up_text(arbiter.held_up_by))
             if arbiter.blocked_by_role:
-                lines.append("    " + blocked_text(arbiter.blocked_by_role))
+                lines.append("    " + blocked_text(dict(arbiter.blocked_by_role)))
             refs = gpu_references.of(arbiter)
             if refs is not None:
                 lines.append(f"    the grader's float64 references: {refs.on_gpu} on this GPU, {refs.on_cpu} on the CPU"

@@ -108,8 +108,7 @@ class Client:
                 self.waited_s += now - self._paused_since
             if self._wants_since is not None:
                 self.blocked_s += now - self._wants_since
-                self.arbiter.blocked_by_role[self.role] = self.arbiter.blocked_by_role.get(self.role, 0.0) + (
-                    now - self._wants_since)
+                self.arbiter._count(self.arbiter.blocked_by_role, self.role, now - self._wants_since)
             self._pausing, self._paused_since, self._wants_since = False, None, None
         elif byte == b"G" and self._asked_at is not None:
             self.waited_s += now - self._asked_at
@@ -205,6 +204,7 @@ class GpuArbiter:
         self.blocked_by_role: dict[str, float] = {}
         # (role, what it was doing) -> [turns, seconds]: the last to pause before a turn
         self.held_up_by: dict[tuple[str, str], list[float]] = {}
+        self._counting = threading.Lock()  # the per-role figures: added to from the clients' threads too
         threading.Thread(target=self._serve, name="gpu-arbiter", daemon=True).start()
 
     def connect(self, name: str, *, role: str = "worker") -> Client:
@@ -268,9 +268,8 @@ class GpuArbiter:
                 turn.done.wait()
                 with self._cond:
                     held = time.monotonic() - granted
-                    role = turn.client.role if turn.client is not None else "grader"
                     self.alone_s += held
-                    self.alone_by_role[role] = self.alone_by_role.get(role, 0.0) + held
+                    self._count(self.alone_by_role, turn.client.role if turn.client is not None else "grader", held)
                     self.alone_count += 1
                     ended, turn = turn.client, self._next_in_chain(chain_started)
                     if turn is None:
@@ -292,6 +291,10 @@ class GpuArbiter:
             for other in paused:
                 if not other.gone:
                     other.send(b"C")
+
+    def _count(self, figures: dict[str, float], role: str, seconds: float) -> None:
+        with self._counting:
+            figures[role] = figures.get(role, 0.0) + seconds
 
     def _next_in_chain(self, chain_started: float) -> _Turn | None:
         """The turn that follows the one just over without the others continuing in between, if one was asked
