@@ -265,7 +265,10 @@ def test_ctrl_c_stops_every_share_and_the_same_command_grades_the_rest(tmp_path)
     command = [sys.executable, "-m", "grader.cli", "grade", *[str(tmp_path / "subs" / n) for n in ("amy", "bo", "cy")],
                "--exercises", "gelu", "--random", "1", "--processes", "2", "--jobs", "2", "--secret", SECRET,
                "--out", str(tmp_path / "out"), *(["--unsandboxed"] if sandbox_options()["unsandboxed"] else [])]
-    graded = subprocess.Popen(command, start_new_session=True, stderr=subprocess.PIPE, text=True)
+    # Ctrl-C as at a terminal, however pytest was started (a shell's background job ignores SIGINT, and its
+    # children inherit that)
+    graded = subprocess.Popen(command, start_new_session=True, stderr=subprocess.PIPE, text=True,
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert graded.stderr is not None
     for line in graded.stderr:  # both children have started grading
         if "[share 2] grading" in line or "[share 1] grading" in line:
