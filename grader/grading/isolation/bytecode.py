@@ -10,11 +10,11 @@ The grader (trusted, outside any sandbox) compiles that bytecode once into a cac
 (``~/.cache/grader/pycache/<tag>``), which the sandboxes see read-only at ``/sandbox/pycache`` and Python reads
 through ``-X pycache_prefix`` (:func:`options`): the standard library, the installed distributions torch, triton,
 numpy, the grader's own and those the grader has imported, with all they require, and the grader package as the
-sandbox shows it. Later gradings find it compiled
-and only check it. The grader package's bytecode is checked against its source's hash (every checkout is shown at
-the same path), the rest against the source's time and size. Where the cache cannot be written, the sandboxes go
-without it. Where the installation has its own bytecode (pip's default) none of this is done: a cache prefix hides
-the bytecode beside the sources, so a package left out of the cache would be compiled again in every process.
+sandbox shows it. Later gradings find it compiled and only check it. The grader package's bytecode is checked
+against its source's hash (every checkout is shown at the same path), the rest against the source's time and size.
+Where the cache cannot be written, the sandboxes go without it. Where the installation has its own bytecode (pip's
+default) none of this is done: a cache prefix hides the bytecode beside the sources, so a package left out of the
+cache would be compiled again in every process.
 """
 
 from __future__ import annotations
