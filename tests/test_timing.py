@@ -76,6 +76,39 @@ def test_stop_rule_max_rounds_and_validation():
         StopRule(budget_s=0)
 
 
+def test_grading_stops_where_a_median_is_known_to_half_a_percent_calibration_goes_on():
+    """The trusted timer's rule when grading: ±0.5 % after 10 rounds, where calibration's rule (±0.3 % after 20)
+    still adds rounds; the budget is each rule's own."""
+    samples = [1.0 + 0.007 * k for k in (-2, -1, 1, 2, 0, -2, -1, 1, 2, 0)]  # ten rounds, a spread of ~1 %
+    known = stats.summarize(samples).rel_se
+    assert 0.003 < known < 0.005, known  # the premise: between the two rules' precisions
+    grading = StopRule.grading(budget_s=10.0)
+    assert grading.check({"student": samples[:9], "torch": [1.0] * 9}, 0.0) is None  # fewer than 10 rounds
+    assert grading.check({"student": samples, "torch": [1.0] * 10}, 0.0) == "converged"
+    assert StopRule(budget_s=10.0).check({"student": samples, "torch": [1.0] * 10}, 0.0) is None
+    assert grading.budget_s == 10.0 and grading.check({"student": [1.0, 2.0, 1.5]}, 10.0) == "budget"
+
+
+def test_the_trusted_timer_times_under_gradings_rule(tmp_path, monkeypatch):
+    """Every benchmark of a part timed in its turn alone gets :meth:`StopRule.grading` with its share of the part's
+    budget (calibration's rule would hold the GPU alone about twice as long)."""
+    from types import SimpleNamespace
+
+    from grader.speed import timer, trusted
+
+    rules = []
+    monkeypatch.setattr(trusted, "measure_prepared", lambda entry, **kw: rules.append((entry.bench.label, kw["rule"])))
+    monkeypatch.setattr(trusted, "finish", lambda entry: SimpleNamespace(
+        row=SimpleNamespace(to_dict=lambda: {"label": entry.bench.label}, error=None), mismatch=None))
+    entries = [SimpleNamespace(replay=object(), bench=SimpleNamespace(label=label), row=SimpleNamespace(error=None))
+               for label in ("small", "large")]
+    job = timer.TimerJob("gelu", "forward", 6.0, {})
+    result = timer.time_prepared(timer.PreparedJob(job, timer.TimerResult("fake GPU"), entries, 3.0), tmp_path)
+    assert rules == [("small", StopRule.grading(3.0)), ("large", StopRule.grading(3.0))]
+    assert StopRule.grading(3.0) != StopRule(budget_s=3.0)
+    assert [row["label"] for row in result.benchmarks] == ["small", "large"]
+
+
 def _timed(clock: FakeClock, ms: float, log: list | None = None, name: str = ""):
     def fn(inputs):
         clock.advance(ms)

@@ -111,9 +111,11 @@ def prepare(job: TimerJob, folder: Path, *, index: int = 0) -> PreparedJob:
 
 def time_prepared(prepared: PreparedJob, folder: Path, *, index: int = 0) -> TimerResult:
     """The timed rounds of every validated replay of ``prepared`` in one turn alone (each turn costs the other
-    processes on the GPU a pause), then each replay validated again, sharing the GPU."""
+    processes on the GPU a pause), under grading's rule (:meth:`StopRule.grading`), then each replay validated
+    again, sharing the GPU."""
     from grader.checks import gpu_gate
     from grader.speed import trusted
+    from grader.speed.stats import StopRule
 
     gate, result = gpu_gate.current(), prepared.result
     ready = [entry for entry in prepared.entries if entry.replay is not None]
@@ -121,7 +123,8 @@ def time_prepared(prepared: PreparedJob, folder: Path, *, index: int = 0) -> Tim
         with gate.alone():
             for entry in ready:
                 _started(folder, index, entry.bench.label)
-                trusted.measure_prepared(entry, budget_s=prepared.per_benchmark_s, baselines=prepared.job.baselines)
+                trusted.measure_prepared(entry, budget_s=prepared.per_benchmark_s, baselines=prepared.job.baselines,
+                                         rule=StopRule.grading(prepared.per_benchmark_s))
                 if entry.row.error:  # its row ends the part's rows (below)
                     break
     for entry in prepared.entries:

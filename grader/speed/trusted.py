@@ -33,6 +33,7 @@ from grader.checks.spec import Benchmark, Case, Part
 from grader.speed import measure
 from grader.speed import plan as plan_mod
 from grader.speed import replay as replay_mod
+from grader.speed.stats import StopRule
 
 # Relative L2 error of a replayed output against the speed baseline's output on the same inputs: far above
 # what two correct kernels differ by (bf16 rounding, TF32, summation order: ~1e-3), far below what a skipped
@@ -162,15 +163,16 @@ def _prepare(prepared: Prepared, plan: plan_mod.LaunchPlan, folder: Path) -> Non
 
 def measure_prepared(prepared: Prepared, *, budget_s: float, baselines: list[str] | None = None,
                      samples: list[float] | None = None,
-                     extra: Mapping[str, Callable[[Any], Any]] | None = None) -> None:
+                     extra: Mapping[str, Callable[[Any], Any]] | None = None, rule: StopRule | None = None) -> None:
     """The timed rounds of a prepared benchmark against ``baselines`` (default: the grading baselines) and
-    ``extra`` candidates: the caller holds the GPU alone."""
+    ``extra`` candidates, until ``rule`` says stop (default: calibration's, within ``budget_s``): the caller holds
+    the GPU alone."""
     if prepared.replay is None:
         return
     try:
         prepared.row = measure.measure_benchmark(prepared.part, prepared.replay, prepared.bench, device="cuda",
                                                  budget_s=budget_s, baselines=baselines, samples=samples,
-                                                 extra=extra)
+                                                 extra=extra, rule=rule)
     except Exception as exc:
         prepared.row = measure.BenchmarkTiming(prepared.bench.label,
                                                error=f"the replayed kernels failed: {type(exc).__name__}: {exc}")
