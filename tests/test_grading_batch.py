@@ -232,6 +232,9 @@ def test_the_profile_says_where_the_time_and_the_cpu_went(tmp_path, capsys):
     # the grader's own process: its CPU by kind of thread, and how long its threads queue for its interpreter
     assert "the grader's own CPU by thread: " in err
     assert re.search(r"ran Python again [0-9.]+ ms late \(median\)", err)
+    # the batch window by window: the one run in flight from the start, and the host's CPU
+    assert "the batch every 10 s: exercise runs in flight, the host's CPU busy" in err
+    assert re.search(r"^ +0–\d+ s: 1 run\(s\) \(gelu 1\), CPU \d+ %", err, re.MULTILINE)
     state = json.loads((tmp_path / "out" / "students" / "solutions" / "state" / "gelu.json").read_text())
     assert state["profile"]["longest worker group"] > 0 and state["counts"]["worker groups"] == 1
     # the worker's wait for the grader between its reply and the next request: some, and part of the group's time

@@ -29,6 +29,7 @@ from grader.grading.batch.context import Context, UsageError, Workspace, choose_
 from grader.grading.batch.progress import Progress
 from grader.grading.batch.recorder import Recorder
 from grader.grading.batch.scheduler import Scheduler, Task, estimate, niceness, static_estimate
+from grader.grading.batch.timeline import Timeline
 from grader.grading.config import RunSettings
 from grader.grading.exercise_run import runner
 from grader.grading.exercise_run.slots import Slot
@@ -344,6 +345,7 @@ def run_local(ctx: Context, tasks: list[Task], work: Workspace, options: config.
                         sandbox=run.get("sandbox", ctx.sandbox_note))
     cpu_before, own_before = profiling.host_cpu(), profiling.own_cpu()
     load = grader_load.GraderLoad().start() if options.profile else None
+    timeline = Timeline(progress.started).start() if options.profile else None
     # room for more runs than the batch has (one submission, say): each speed measurement in a worker of its own,
     # and each worker's cases compiled at once before they run (the host has cores to spare)
     room = ctx.device == "cuda" and len(tasks) < sum(s.capacity for s in slots)
@@ -351,8 +353,12 @@ def run_local(ctx: Context, tasks: list[Task], work: Workspace, options: config.
     longest = max((task.estimate_s for task in tasks), default=0.0)
 
     def grade_task(task: Task, slot: Slot) -> ExerciseResult:  # the longest runs' workers get the cores first
-        nice = niceness(task.estimate_s, longest)
-        return _grade_task(ctx, work, recorder, task, slot, replace(settings, nice=nice))
+        nice, started = niceness(task.estimate_s, longest), time.monotonic()
+        try:
+            return _grade_task(ctx, work, recorder, task, slot, replace(settings, nice=nice))
+        finally:
+            if timeline is not None:
+                timeline.ran(task.exercise.name, started, time.monotonic())
 
     scheduler = Scheduler(slots, grade_task, recorder.commit, probe=gpus.probe_slot, on_failure=recorder.gpu_failure)
     try:
@@ -368,9 +374,11 @@ def run_local(ctx: Context, tasks: list[Task], work: Workspace, options: config.
         recorder.close()
         if load is not None:
             load.stop()
+        if timeline is not None:
+            timeline.stop()
     if options.profile:
         profiling.report(progress, slots, submissions=len({t.student for t in tasks}), cpu_before=cpu_before,
-                         own_before=own_before, load=load, cpu_by_step=recorder.cpu_by_step)
+                         own_before=own_before, load=load, cpu_by_step=recorder.cpu_by_step, timeline=timeline)
     if outcome.left:
         print(f"grader grade: every slot failed ({'; '.join(s.failed or '' for s in slots)}); "
               f"{len(outcome.left)} exercise run(s) left ungraded", file=sys.stderr)

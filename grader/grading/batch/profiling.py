@@ -1,5 +1,6 @@
 """``grader grade --profile``: the batch's wall time, submissions per hour, host CPU use (and whose: the grader's own
-process, or the workers and timers it started), and each GPU's turns alone."""
+process, or the workers and timers it started), each GPU's turns alone, and the batch window by window
+(:mod:`~grader.grading.batch.timeline`)."""
 
 from __future__ import annotations
 
@@ -12,20 +13,10 @@ from grader.grading.batch.grader_load import GraderLoad
 from grader.grading.batch.progress import Progress
 from grader.grading.batch.recorder import cpu_text
 from grader.grading.batch.scheduler import Task
+from grader.grading.batch.timeline import Timeline, host_cpu
 from grader.grading.exercise_run import gpu_references
 from grader.grading.exercise_run.slots import Slot
 from grader.grading.results import store
-
-
-def host_cpu() -> tuple[float, float] | None:
-    """(busy, total) CPU time of the whole host so far, in clock ticks (Linux's /proc/stat; None elsewhere)."""
-    try:
-        with open("/proc/stat") as stat:
-            fields = [float(x) for x in stat.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # idle + iowait
-    return sum(fields) - idle, sum(fields)
 
 
 def own_cpu() -> float:
@@ -36,11 +27,12 @@ def own_cpu() -> float:
 
 def report(progress: Progress, slots: list[Slot], *, submissions: int,
            cpu_before: tuple[float, float] | None = None, own_before: float | None = None,
-           load: GraderLoad | None = None, cpu_by_step: dict[str, float] | None = None) -> None:
+           load: GraderLoad | None = None, cpu_by_step: dict[str, float] | None = None,
+           timeline: Timeline | None = None) -> None:
     """``grader grade --profile``: the batch's wall time, submissions per hour, and how long each GPU was held alone
     (autotuning, recording and timed rounds) — the part of the work that cannot overlap; ``load``: what the grader's
     own process was busy with, and how crowded its interpreter was; ``cpu_by_step``: the CPU seconds of the runs'
-    workers and timers, per step."""
+    workers and timers, per step; ``timeline``: the batch window by window."""
     wall = time.monotonic() - progress.started
     lines = [_header(submissions, progress.done, wall)]
     host = _host_since(cpu_before)
@@ -76,6 +68,8 @@ def report(progress: Progress, slots: list[Slot], *, submissions: int,
             if refs is not None:
                 lines.append(f"    the grader's float64 references: {refs.on_gpu} on this GPU, {refs.on_cpu} on the CPU"
                              + (f" (the CPU took over: {refs.broken})" if refs.broken else ""))
+    if timeline is not None:
+        lines.append(timeline.text(slots, wall))
     progress.note("\n".join(lines))
 
 

@@ -197,6 +197,7 @@ class GpuArbiter:
         self.alone_s = 0.0  # held alone, in all
         self.alone_count = 0
         self.alone_by_role: dict[str, float] = {}  # role -> seconds its processes held the GPU alone
+        self.turns: list[tuple[float, float]] = []  # (granted, ended) of every turn, time.monotonic()
         self.drain_s = 0.0  # waiting for the others' GPU work to finish, before each turn
         self.queue_s = 0.0  # requests waiting for their turn (the drain included), in all
         self.chained = 0  # turns that followed another without the others continuing in between
@@ -269,6 +270,7 @@ class GpuArbiter:
                 with self._cond:
                     held = time.monotonic() - granted
                     self.alone_s += held
+                    self.turns.append((granted, granted + held))
                     self._count(self.alone_by_role, turn.client.role if turn.client is not None else "grader", held)
                     self.alone_count += 1
                     ended, turn = turn.client, self._next_in_chain(chain_started)
