@@ -84,7 +84,7 @@ class Timeline:
         """The profile's lines: a line per window of the batch's ``wall`` seconds."""
         with self._lock:
             runs, cpu = list(self.runs), list(self.cpu)
-        gpus = [(slot.name, [Span(a - self.started, b - self.started) for a, b in slot.arbiter.turns])
+        gpus = [(slot.name, [Span(a - self.started, b - self.started) for a, b in list(slot.arbiter.turns)])
                 for slot in slots if slot.is_gpu and slot.arbiter is not None]
         return layout(runs, cpu, gpus, wall)
 

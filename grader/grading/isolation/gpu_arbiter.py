@@ -30,6 +30,7 @@ SLOW_DRAIN_S = 10.0  # a pause that takes longer is said on stderr (diagnostics)
 # turn's pause waits for every other process's GPU work in flight (a correctness case, a validation), which is
 # paid once for the whole chain; past this the others get the GPU before the next turn.
 MAX_CHAIN_S = 10.0
+TURNS_KEPT = 100_000  # for --profile's window-by-window view: about 11,000 submissions' turns (9 each)
 HURRY_AFTER_S = 0.05  # a process that has not paused by then has GPU work in flight: it is told to hurry
 
 
@@ -197,7 +198,8 @@ class GpuArbiter:
         self.alone_s = 0.0  # held alone, in all
         self.alone_count = 0
         self.alone_by_role: dict[str, float] = {}  # role -> seconds its processes held the GPU alone
-        self.turns: list[tuple[float, float]] = []  # (granted, ended) of every turn, time.monotonic()
+        # (granted, ended) of the turns, time.monotonic(); the latest only, for a server that runs for a term
+        self.turns: deque[tuple[float, float]] = deque(maxlen=TURNS_KEPT)
         self.drain_s = 0.0  # waiting for the others' GPU work to finish, before each turn
         self.queue_s = 0.0  # requests waiting for their turn (the drain included), in all
         self.chained = 0  # turns that followed another without the others continuing in between
