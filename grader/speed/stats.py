@@ -113,7 +113,7 @@ class StopRule:
     def grading(cls, budget_s: float) -> StopRule:
         """The trusted timer's rule when grading: every median known to ±0.5 %, after at least 10 rounds. Its rounds
         hold the GPU alone, and every other process on it waits meanwhile; ±0.5 % is far inside the credit's margins
-        (full credit at 0.92 of the reference's calibrated ratio, a kernel 15 % slower at 0.87 of it). The
+        (full credit at 0.92 of the reference's calibrated ratio at most, a kernel 15 % slower at 0.87 of it). The
         thresholds themselves come from calibration's finer rule. Measured in docs/performance.md ("Grading
         time")."""
         return cls(min_rounds=10, rel_se=0.005, budget_s=budget_s)
