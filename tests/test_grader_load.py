@@ -33,6 +33,27 @@ def test_cpu_is_given_to_the_kind_of_thread_that_used_it():
     assert grader_load.kind_of("Thread-7 (something)") == grader_load.OTHER
 
 
+def test_cpu_of_threads_python_did_not_start_is_counted_as_theirs():
+    """torch's CPU thread pool (the judging's tensor arithmetic runs there) is counted, not lost as unattributed."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        x = torch.randn(1 << 22, dtype=torch.float64)
+        x.sin()  # the pool's threads exist before the profile starts: only their CPU from then on counts
+        load = grader_load.GraderLoad().start()
+        start = time.process_time()
+        while time.process_time() - start < 2.0:
+            x.sin()
+        load.stop()
+    finally:
+        torch.set_num_threads(threads)
+    by_kind = load.cpu_by_kind()
+    assert by_kind.get(grader_load.NATIVE, 0.0) >= 0.2, by_kind
+    assert sum(by_kind.values()) < time.process_time() - start + 1.0, by_kind
+
+
 def test_a_thread_holding_the_interpreter_makes_the_others_late():
     """With the interpreter handed over only every 100 ms, a busy thread keeps the ticker waiting for about that."""
     load = grader_load.GraderLoad().start()

@@ -5,7 +5,8 @@ runs one thread at a time (the GIL). Two figures tell how near that limit it is:
 
 * its CPU time per kind of thread (judging, supervising workers, GPU turns, reading the workers' output, ...), from
   Linux's per-thread counters (``/proc/self/task``), sampled five times a second: what a thread used in its last
-  0.2 s is not seen, and is given as "not attributed";
+  0.2 s is not seen, and is given as "not attributed". Threads that Python did not start (torch's CPU thread pools,
+  which run the judging's tensor arithmetic, CUDA's) are counted together, as :data:`NATIVE`;
 * how late a thread that sleeps 5 ms wakes up to run Python again: near zero on an idle process; tens of milliseconds
   when many threads want the GIL at once, and then every judging thread and every GPU turn waits as long.
 """
@@ -36,6 +37,7 @@ KINDS = (
     ("grader-load", "this profile's sampling"),
 )
 OTHER = "other threads"
+NATIVE = "threads outside Python (torch's CPU pools, CUDA's)"
 
 
 def kind_of(name: str) -> str:
@@ -50,6 +52,17 @@ def _thread_ticks(tid: int) -> int | None:
     except OSError:
         return None
     return int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of the line
+
+
+def _threads() -> list[tuple[int, str]]:
+    """This process's threads and their kinds: Python's by name, then the others (:data:`NATIVE`)."""
+    threads = [(t.native_id, kind_of(t.name)) for t in threading.enumerate() if t.native_id is not None]
+    known = {tid for tid, _ in threads}
+    try:
+        tids = [int(name) for name in os.listdir("/proc/self/task")]
+    except OSError:  # not Linux: Python's threads only
+        return threads
+    return threads + [(tid, NATIVE) for tid in tids if tid not in known]
 
 
 def percentile(sorted_values, q: float) -> float:
@@ -70,10 +83,10 @@ class GraderLoad:
         self._threads: list[threading.Thread] = []
 
     def start(self) -> GraderLoad:
-        for thread in threading.enumerate():
-            ticks = _thread_ticks(thread.native_id) if thread.native_id is not None else None
+        for tid, _kind in _threads():
+            ticks = _thread_ticks(tid)
             if ticks is not None:
-                self._start[thread.native_id] = ticks
+                self._start[tid] = ticks
         self._threads = [threading.Thread(target=self._sample, name="grader-load sampler", daemon=True),
                          threading.Thread(target=self._tick, name="grader-load ticker", daemon=True)]
         for thread in self._threads:
@@ -91,12 +104,10 @@ class GraderLoad:
             self._look()
 
     def _look(self) -> None:
-        for thread in threading.enumerate():
-            if thread.native_id is None:
-                continue
-            ticks = _thread_ticks(thread.native_id)
+        for tid, kind in _threads():
+            ticks = _thread_ticks(tid)
             if ticks is not None:
-                self._last[thread.native_id] = (kind_of(thread.name), ticks)
+                self._last[tid] = (kind, ticks)
 
     def _tick(self) -> None:
         while not self._stop.is_set():
