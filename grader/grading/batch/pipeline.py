@@ -303,6 +303,11 @@ def pending_tasks(ctx: Context, subs: list[submission.Submission]) -> list[Task]
     return tasks
 
 
+def planned_work(tasks: list[Task]) -> dict[str, tuple[str, float]]:
+    """Each task's exercise and planned seconds, for the progress line's estimate of the end."""
+    return {task.key: (task.exercise.name, task.estimate_s) for task in tasks}
+
+
 def local_slots(ctx: Context, options: config.GradeOptions, *, available: list[gpus.Gpu] | None = None,
                 current: int | None = None) -> list[Slot]:
     """CPU worker places (``--jobs``), or the chosen GPUs (``--gpus``) with ``--jobs`` runs each; the GPUs
@@ -338,7 +343,8 @@ def run_local(ctx: Context, tasks: list[Task], work: Workspace, options: config.
     slots = local_slots(ctx, options)
     run = store.read_run(ctx.out)
     where = ", ".join(s.describe() + (f" × {s.capacity} runs" if s.capacity > 1 else "") for s in slots)
-    progress = Progress(len(tasks), f"{description} ({where})", per_submission=len(ctx.selected))
+    progress = Progress(len(tasks), f"{description} ({where})", per_submission=len(ctx.selected),
+                        work=planned_work(tasks))
     recorder = Recorder(ctx.out, course=ctx.course, all_exercises=ctx.all_exercises, names=run["exercises"],
                         device=run.get("device", ctx.description), students=students, batch=ctx.batch,
                         gradebook=gradebook, progress=progress, profile=options.profile,
@@ -391,7 +397,7 @@ def run_split(ctx: Context, subs: list[submission.Submission], tasks: list[Task]
     the class report from what they committed."""
     where = "; ".join(f"{s.label}: {len(s.students)} submission(s), {s.jobs} run(s) at once" for s in shares)
     progress = Progress(len(tasks), f"{plan.describe(ctx, subs, tasks)}, split over {len(shares)} grader processes "
-                        f"({where})", per_submission=len(ctx.selected))
+                        f"({where})", per_submission=len(ctx.selected), work=planned_work(tasks))
     cpu_before = profiling.host_cpu()
     left = split.run(ctx, tasks, shares, secret=plan.secret.value, profile=options.profile,
                      keep_work=options.keep_work, progress=progress)

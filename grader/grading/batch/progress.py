@@ -1,12 +1,21 @@
 """Progress of a batch on stderr: a rich progress bar on a terminal; one plain line per finished task
-otherwise (logs stay readable). Both say what is done, running and left, the time per submission so far and
-when the batch should end."""
+otherwise (logs stay readable). Both say what is done, running and left, the batch's time per submission and
+when it should end.
+
+The estimate weighs the tasks by their work, not their number: the batch runs its longest tasks first and several
+at once, so the tasks finished early are the long ones, and each finishes with the others well under way. Each
+task is counted at its expected length: the median of its exercise's finished runs, else its planned estimate
+scaled by how the finished runs compared with theirs. The work done is the finished runs plus the running ones'
+time so far (at most their expected length); the wall time per second of work done so far gives the end.
+"""
 
 from __future__ import annotations
 
+import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable, Mapping
 
 
 def _duration(seconds: float) -> str:
@@ -19,13 +28,22 @@ def _duration(seconds: float) -> str:
 
 
 class Progress:
-    def __init__(self, total: int, description: str, *, per_submission: int = 1):
+    """``work``: each task's key (``"<student> <exercise>"``) with its exercise and planned seconds; without it,
+    every task counts alike."""
+
+    def __init__(self, total: int, description: str, *, per_submission: int = 1,
+                 work: Mapping[str, tuple[str, float]] | None = None,
+                 clock: Callable[[], float] = time.monotonic):
         from rich.console import Console
 
         self.console = Console(stderr=True)
         self.total, self.done, self.running = total, 0, 0
         self.per_submission = max(1, per_submission)  # tasks per submission: the exercises graded
-        self.started = time.monotonic()
+        self._clock = clock
+        self.started = clock()
+        self._work = dict(work or {})
+        self._since: dict[str, float] = {}  # running tasks: when each started
+        self._took: dict[str, float] = {}  # finished tasks: how long each took
         self._lock = threading.Lock()
         self.bar = None
         if self.console.is_terminal:
@@ -40,27 +58,65 @@ class Progress:
             print(description, file=sys.stderr, flush=True)
 
     def status(self) -> str:
-        """``running 3 · left 12 · 41 s per submission · ends in about 8 min``: the rate is the batch's wall
-        time so far per submission's worth of finished tasks."""
+        """``running 3 · left 12 · 41 s per submission · ends in about 8 min``: the batch's expected wall time per
+        submission, and what is left of it (see the module's docstring)."""
         left = self.total - self.done - self.running
         text = f"running {self.running} · left {left}"
         if self.done:
-            elapsed = time.monotonic() - self.started
-            per_task = elapsed / self.done
-            text += f" · {_duration(per_task * self.per_submission)} per submission"
+            elapsed = self._clock() - self.started
+            remaining = self._remaining(elapsed)
+            submissions = self.total / self.per_submission
+            text += f" · {_duration((elapsed + remaining) / submissions)} per submission"
             if self.done < self.total:
-                text += f" · ends in about {_duration(per_task * (self.total - self.done))}"
+                text += f" · ends in about {_duration(remaining)}"
         return text
 
-    def start(self) -> None:
+    def _remaining(self, elapsed: float) -> float:
+        """Wall seconds left: the work left (in seconds of runs) at the batch's wall time per second of work so far."""
+        if not self._work:  # every task alike
+            return elapsed / self.done * (self.total - self.done)
+        expected = self._expected()
+        now = self._clock()
+        done = sum(self._took.values())
+        under_way = {key: min(now - since, expected(key)) for key, since in self._since.items()}
+        progress = done + sum(under_way.values())
+        left = sum(expected(key) - under_way.get(key, 0.0) for key in self._work if key not in self._took)
+        return elapsed * left / progress if progress > 0 else 0.0
+
+    def _expected(self) -> Callable[[str], float]:
+        """A task's expected seconds: its exercise's median so far, else its plan scaled as the finished ran."""
+        by_exercise: dict[str, list[float]] = {}
+        scale = []
+        for key, took in self._took.items():
+            exercise, planned = self._work.get(key, ("", 0.0))
+            by_exercise.setdefault(exercise, []).append(took)
+            if planned > 0:
+                scale.append(took / planned)
+        medians = {exercise: statistics.median(times) for exercise, times in by_exercise.items()}
+        factor = statistics.median(scale) if scale else 1.0
+
+        def expected(key: str) -> float:
+            exercise, planned = self._work.get(key, ("", 0.0))
+            return medians.get(exercise, planned * factor)
+
+        return expected
+
+    def start(self, key: str | None = None) -> None:
         with self._lock:
             self.running += 1
+            if key is not None:
+                self._since[key] = self._clock()
             self._refresh()
 
-    def advance(self, message: str) -> None:
+    def advance(self, message: str, *, key: str | None = None, took_s: float | None = None) -> None:
+        """A task finished (``key``, in ``took_s``: from its start where this process saw it start)."""
         with self._lock:
             self.done += 1
             self.running = max(0, self.running - 1)
+            if key is not None and key in self._work:
+                since = self._since.pop(key, None)
+                took = took_s if took_s is not None else self._clock() - since if since is not None else None
+                self._took[key] = max(0.0, took if took is not None else self._expected()(key))
             if self.bar is not None:
                 self.bar.console.log(message, markup=False, highlight=False, emoji=False)  # as written
                 self.bar.advance(self.task)
@@ -70,7 +126,7 @@ class Progress:
 
     def wall(self) -> float:
         """Seconds since the batch's runs started."""
-        return time.monotonic() - self.started
+        return self._clock() - self.started
 
     def set_running(self, running: int) -> None:
         """The runs under way, where another process runs them (a split batch's children)."""

@@ -39,7 +39,7 @@ class Recorder:
         self.cpu_by_step: dict[str, float] = {}  # the committed runs' workers and timers, summed (--profile)
 
     def started(self, task: Task, slot: Slot) -> None:
-        self.progress.start()
+        self.progress.start(task.key)
         store.write_marker(self.out, task.student, task.exercise.name, markers.mine(slot=slot.name, batch=self.batch))
         self._heartbeat.add(store.marker_path(self.out, task.student, task.exercise.name))
 
@@ -58,7 +58,7 @@ class Recorder:
             self._unmark(task)
         where = result.device.get("name") if result.device.get("kind") == "cuda" else None
         self.progress.advance(f"{task.student} {task.exercise.name}: {result.status} ({result.elapsed_s:.1f} s"
-                              f"{', ' + str(where) if where else ''})")
+                              f"{', ' + str(where) if where else ''})", key=task.key, took_s=result.elapsed_s)
         if self.profile:
             steps = ", ".join([f"{k} {v:.1f} s" for k, v in result.profile.items() if k != "total"]
                               + [f"{k} {v}" for k, v in result.counts.items()])

@@ -198,12 +198,13 @@ class _Watch:
                       if (student, exercise) in self.waiting and markers.liveness(data, age, None).alive)
         self.progress.set_running(running + len(new))  # each one reported below was running until now
         for student, exercise in new:
+            took = None
             try:
                 result = store.load_exercises(self.out, student)[exercise]
-                text = f"{result.status} ({result.elapsed_s:.1f} s)"
+                text, took = f"{result.status} ({result.elapsed_s:.1f} s)", result.elapsed_s
             except (OSError, ValueError, KeyError):
                 text = "written"
-            self.progress.advance(f"{student} {exercise}: {text}")
+            self.progress.advance(f"{student} {exercise}: {text}", key=f"{student} {exercise}", took_s=took)
 
     def close(self) -> None:
         self._stop.set()
