@@ -62,3 +62,31 @@ def test_counting_tasks_alike_is_far_off_when_the_longest_run_first():
     per_submission = _batch(weighted=True)[-1][0] / 10
     t, true_left, left, per = _batch(weighted=False)[0]
     assert left > 5 * true_left and per > 5 * per_submission, (t, true_left, left, per)
+
+
+def test_a_split_batch_counts_its_runs_from_when_they_are_seen_running(tmp_path, monkeypatch):
+    """The parent of a split batch sees its children's runs through the folder: a run is timed from the first
+    look that finds it running, and its time so far counts as work done."""
+    from grader.grading.batch import markers, split
+    from grader.grading.results import store
+
+    now = [100.0]
+    work = {"a gelu": ("gelu", 60.0), "b gelu": ("gelu", 60.0)}
+    progress = Progress(2, "a split batch", per_submission=1, work=work, clock=lambda: now[0])
+    done: set[tuple[str, str]] = set()
+    results = type("Results", (), {"before": {("a", "gelu"): None, ("b", "gelu"): None},
+                                   "done": lambda self, key: key in done})()
+    monkeypatch.setattr(split, "WATCH_S", 3600.0)  # looked at by hand below
+    monkeypatch.setattr(store, "read_markers",
+                        lambda out: [(s, "gelu", {}, 0.0) for s in "ab" if (s, "gelu") not in done])
+    monkeypatch.setattr(markers, "liveness", lambda data, age, jobs: markers.Liveness(True, "alive", True))
+    watch = split._Watch(tmp_path, results, progress)
+    watch.look()
+    assert progress.running == 2 and set(progress._since) == {"a gelu", "b gelu"}
+    now[0] += 30.0
+    done.add(("a", "gelu"))  # its result cannot be read here: it took the 30 s it was seen running
+    watch.look()
+    assert progress.done == 1 and progress.running == 1 and progress._took == {"a gelu": 30.0}
+    # b has run 30 s of its expected 30: the end is now
+    assert "ends in about 0 s" in progress.status()
+    watch.close()

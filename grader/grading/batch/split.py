@@ -182,6 +182,7 @@ class _Watch:
     def __init__(self, out: Path, results: _Results, progress: Progress):
         self.out, self.results, self.progress = out, results, progress
         self.waiting = set(results.before)
+        self.started: set[tuple[str, str]] = set()  # seen running
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="split progress", daemon=True)
         self._thread.start()
@@ -194,9 +195,13 @@ class _Watch:
     def look(self) -> None:
         new = sorted(key for key in self.waiting if self.results.done(key))
         self.waiting.difference_update(new)
-        running = sum(1 for student, exercise, data, age in store.read_markers(self.out)
-                      if (student, exercise) in self.waiting and markers.liveness(data, age, None).alive)
-        self.progress.set_running(running + len(new))  # each one reported below was running until now
+        running = [(student, exercise) for student, exercise, data, age in store.read_markers(self.out)
+                   if (student, exercise) in self.waiting and markers.liveness(data, age, None).alive]
+        for student, exercise in running:
+            if (student, exercise) not in self.started:  # started about now: its time so far counts as work done
+                self.started.add((student, exercise))
+                self.progress.start(f"{student} {exercise}")
+        self.progress.set_running(len(running) + len(new))  # each one reported below was running until now
         for student, exercise in new:
             took = None
             try:
