@@ -86,7 +86,7 @@ def test_a_split_batch_counts_its_runs_from_when_they_are_seen_running(tmp_path,
     now[0] += 30.0
     done.add(("a", "gelu"))  # its result cannot be read here: it took the 30 s it was seen running
     watch.look()
-    assert progress.done == 1 and progress.running == 1 and progress._took == {"a gelu": 30.0}
+    assert progress.done == 1 and progress.running == 1 and progress._took == {"gelu": [30.0]}
     # b has run 30 s of its expected 30: the end is now
     assert "ends in about 0 s" in progress.status()
     watch.close()

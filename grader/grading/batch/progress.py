@@ -41,9 +41,16 @@ class Progress:
         self.per_submission = max(1, per_submission)  # tasks per submission: the exercises graded
         self._clock = clock
         self.started = clock()
-        self._work = dict(work or {})
+        self._work = dict(work or {})  # the tasks not finished
+        self._weighted = bool(self._work)
         self._since: dict[str, float] = {}  # running tasks: when each started
-        self._took: dict[str, float] = {}  # finished tasks: how long each took
+        self._took: dict[str, list[float]] = {}  # finished tasks' times, by exercise
+        self._scale: list[float] = []  # finished tasks: their time over their planned time
+        self._left: dict[str, list[float]] = {}  # tasks not finished, by exercise: [how many, planned seconds]
+        for exercise, planned in self._work.values():
+            count_planned = self._left.setdefault(exercise, [0, 0.0])
+            count_planned[0] += 1
+            count_planned[1] += planned
         self._lock = threading.Lock()
         self.bar = None
         if self.console.is_terminal:
@@ -72,34 +79,23 @@ class Progress:
         return text
 
     def _remaining(self, elapsed: float) -> float:
-        """Wall seconds left: the work left (in seconds of runs) at the batch's wall time per second of work so far."""
-        if not self._work:  # every task alike
+        """Wall seconds left: the work left (in seconds of runs) at the batch's wall time per second of work so far.
+        Computed per exercise, not per task: it runs at every line, and a class may have thousands of tasks."""
+        if not self._weighted:  # every task alike
             return elapsed / self.done * (self.total - self.done)
-        expected = self._expected()
+        medians = {exercise: statistics.median(times) for exercise, times in self._took.items()}
+        factor = statistics.median(self._scale) if self._scale else 1.0
         now = self._clock()
-        done = sum(self._took.values())
-        under_way = {key: min(now - since, expected(key)) for key, since in self._since.items()}
-        progress = done + sum(under_way.values())
-        left = sum(expected(key) - under_way.get(key, 0.0) for key in self._work if key not in self._took)
-        return elapsed * left / progress if progress > 0 else 0.0
+        under_way = sum(min(now - since, self._expected(key, medians, factor)) for key, since in self._since.items())
+        progress = sum(sum(times) for times in self._took.values()) + under_way
+        left = sum(medians[exercise] * count if exercise in medians else planned * factor
+                   for exercise, (count, planned) in self._left.items()) - under_way
+        return elapsed * max(0.0, left) / progress if progress > 0 else 0.0
 
-    def _expected(self) -> Callable[[str], float]:
+    def _expected(self, key: str, medians: Mapping[str, float], factor: float) -> float:
         """A task's expected seconds: its exercise's median so far, else its plan scaled as the finished ran."""
-        by_exercise: dict[str, list[float]] = {}
-        scale = []
-        for key, took in self._took.items():
-            exercise, planned = self._work.get(key, ("", 0.0))
-            by_exercise.setdefault(exercise, []).append(took)
-            if planned > 0:
-                scale.append(took / planned)
-        medians = {exercise: statistics.median(times) for exercise, times in by_exercise.items()}
-        factor = statistics.median(scale) if scale else 1.0
-
-        def expected(key: str) -> float:
-            exercise, planned = self._work.get(key, ("", 0.0))
-            return medians.get(exercise, planned * factor)
-
-        return expected
+        exercise, planned = self._work.get(key, ("", 0.0))
+        return medians.get(exercise, planned * factor)
 
     def start(self, key: str | None = None) -> None:
         with self._lock:
@@ -114,15 +110,29 @@ class Progress:
             self.done += 1
             self.running = max(0, self.running - 1)
             if key is not None and key in self._work:
-                since = self._since.pop(key, None)
-                took = took_s if took_s is not None else self._clock() - since if since is not None else None
-                self._took[key] = max(0.0, took if took is not None else self._expected()(key))
+                self._finished(key, took_s)
             if self.bar is not None:
                 self.bar.console.log(message, markup=False, highlight=False, emoji=False)  # as written
                 self.bar.advance(self.task)
                 self._refresh()
             else:
                 print(f"[{self.done}/{self.total}] {message} ({self.status()})", file=sys.stderr, flush=True)
+
+    def _finished(self, key: str, took_s: float | None) -> None:
+        since = self._since.pop(key, None)
+        exercise, planned = self._work.pop(key)  # counted once
+        took = took_s if took_s is not None else self._clock() - since if since is not None else None
+        if took is None:  # neither its time nor its start is known: as expected
+            factor = statistics.median(self._scale) if self._scale else 1.0
+            took = statistics.median(self._took[exercise]) if exercise in self._took else planned * factor
+        self._took.setdefault(exercise, []).append(max(0.0, took))
+        if planned > 0:
+            self._scale.append(max(0.0, took) / planned)
+        count_planned = self._left[exercise]
+        count_planned[0] -= 1
+        count_planned[1] -= planned
+        if count_planned[0] <= 0:
+            del self._left[exercise]
 
     def wall(self) -> float:
         """Seconds since the batch's runs started."""
