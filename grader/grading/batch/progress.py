@@ -121,7 +121,9 @@ class Progress:
     def _finished(self, key: str, took_s: float | None) -> None:
         since = self._since.pop(key, None)
         exercise, planned = self._work.pop(key)  # counted once
-        took = took_s if took_s is not None else self._clock() - since if since is not None else None
+        took = took_s
+        if took is None and since is not None:
+            took = self._clock() - since
         if took is None:  # neither its time nor its start is known: as expected
             factor = statistics.median(self._scale) if self._scale else 1.0
             took = statistics.median(self._took[exercise]) if exercise in self._took else planned * factor
