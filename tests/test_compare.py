@@ -209,3 +209,62 @@ def test_scattered_errors_that_start_on_a_multiple_of_16_get_no_boundary_hint():
     got = rows.float()
     got[:, 32:48] += 0.5  # one wrong block with right columns after it: a wrong block, not a mask or the grid
     assert "block boundary" not in _message(got, rows)
+
+
+def _mismatch_by_full_analysis(monkeypatch, got, expected, tol):
+    with monkeypatch.context() as patched:
+        patched.setattr(compare, "_all_close", lambda *_: False)  # the element-by-element analysis decides alone
+        return compare.compare("y", got, expected, tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_the_first_pass_passes_exactly_what_the_full_analysis_passes(monkeypatch, dtype):
+    """The sliced first pass says "close" only where the full analysis finds no mismatch, and for every output
+    whose elements are all finite it says the same: errors around the tolerance's edge (half of it, just under,
+    on, just past, twice), NaN and infinities (matched or not), transposed outputs, slices across rows."""
+    monkeypatch.setattr(compare, "CLOSE_CHUNK", 7)  # many slices, and boundaries everywhere
+    tol = Tolerance(dtype, 2**-7, 2**-6)  # powers of two: an error exactly on the edge is representable
+    gen = tensors.generator(5)
+    verdicts_seen, disagreements = set(), []
+    for trial in range(150):
+        expected = torch.randn(9, 13, generator=gen, dtype=torch.float64)
+        edge = tol.atol + tol.rtol * expected.abs()
+        factor = torch.tensor([0.5, 0.999, 1.0, 1.001, 2.0], dtype=torch.float64)[trial % 5]
+        sign = torch.randint(0, 2, expected.shape, generator=gen).to(torch.float64) * 2 - 1
+        got = (expected + sign * factor * edge).to(dtype)  # rounded to dtype: either side of the edge
+        row, col = trial % 9, (trial * 5) % 13
+        kind = trial % 7
+        if kind == 2:
+            got[row, col], expected[row, col] = float("nan"), float("nan")  # matched NaN: no mismatch, not finite
+        elif kind == 3:
+            got[row, col] = float("nan")
+        elif kind == 4:
+            got[row, col], expected[row, col] = float("inf"), float("inf")
+        elif kind == 5:
+            got[row, col], expected[row, col] = float("inf"), float("-inf")
+        elif kind == 6:
+            expected[row, col] = float("-inf")
+        if trial % 3 == 0:  # exactly on the edge, in every dtype: |got - expected| == atol + rtol·|expected|
+            expected[-1, -1], got[-1, -1] = -1.0, -(1 + 2**-6 + 2**-7)
+        if trial % 2:
+            got, expected = got.t(), expected.t()  # non-contiguous: row-major order must pair the same elements
+        full = _mismatch_by_full_analysis(monkeypatch, got, expected, tol)
+        finite = bool(torch.isfinite(got.to(torch.float64)).all()) and bool(torch.isfinite(expected).all())
+        first = compare._all_close(got, expected, tol)
+        verdicts_seen.add(full is None)
+        if (first and full is not None) or (finite and first != (full is None)):
+            disagreements.append((trial, first, full))
+        before = got.clone()
+        assert (compare.compare("y", got, expected, tol) is None) == (full is None)
+        assert tensors.same_bits(got, before)  # the student's output is never written to
+    assert not disagreements
+    assert verdicts_seen == {True, False}
+
+
+def test_the_first_pass_finds_a_mismatch_in_the_last_slice(monkeypatch):
+    monkeypatch.setattr(compare, "CLOSE_CHUNK", 64)
+    expected = torch.zeros(1000, dtype=torch.float64)
+    got = expected.float()
+    got[-1] = 1.0
+    assert not compare._all_close(got, expected, TOL)
+    assert "1 of 1000 elements differs" in _message(got, expected)

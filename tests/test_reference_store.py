@@ -95,8 +95,49 @@ def test_a_forged_record_with_wrong_outputs_is_refused(tmp_path):
     assert reader.refused and all(torch.equal(got[k], v) for k, v in expected.items())
 
 
-def test_a_batch_computes_each_reference_once(tmp_path):
-    """Two students of one batch: the second computes no reference (the state files record the counts)."""
+def test_a_record_read_once_comes_from_memory_until_its_file_changes(tmp_path, capsys):
+    part, case, inputs, expected = _fill(tmp_path)
+    reader = ReferenceStore(tmp_path, "s1")
+    first = reader.load("gelu", part, case)
+    assert reader.load("gelu", part, case) is first and reader.reads == 1  # the same record, not read again
+    path = reader.path("gelu", part, case)
+    blob = bytearray(path.read_bytes())
+    blob[-10] ^= 0xFF
+    path.write_bytes(bytes(blob))  # changed after it was kept: its size and time say so
+    assert reader.load("gelu", part, case) is None and reader.reads == 2
+    assert reader.refused and "refused the stored reference" in capsys.readouterr().err
+
+
+def test_the_records_kept_are_bounded_latest_first(tmp_path):
+    part = exercises.get("gelu").part("forward")
+    cases = [_case(part, seed) for seed in (1, 2, 3)]
+    writer = CaseReferences(ReferenceStore(tmp_path, "s1"), "gelu")
+    for case in cases:
+        writer.expected(part, case, writer.inputs(part, case))
+    reader = ReferenceStore(tmp_path, "s1")
+    one = references._nbytes(reader.load("gelu", part, cases[0]))
+    reader.kept_bytes = 2 * one  # room for two of the three
+    for case in cases[1:]:
+        reader.load("gelu", part, case)
+    assert reader.reads == 3
+    reader.load("gelu", part, cases[2])
+    assert reader.reads == 3  # among the latest two: kept
+    reader.load("gelu", part, cases[0])
+    assert reader.reads == 4  # the oldest was dropped: read again
+
+
+def test_a_batch_computes_each_reference_once(tmp_path, monkeypatch):
+    """Two students of one batch: the second computes no reference (the state files record the counts) and reads
+    none from its file (kept in memory when the first stored them); grading them leaves every kept record as it was read."""
+    kept = []
+    keep = ReferenceStore._keep
+
+    def remember(store_, path, version, record):
+        kept.append((store_, path, record, [(name, t.clone()) for values in record for name, t in values.items()
+                                            if isinstance(t, torch.Tensor)]))
+        keep(store_, path, version, record)
+
+    monkeypatch.setattr(ReferenceStore, "_keep", remember)
     shutil.copytree(REPO / "solutions", tmp_path / "a")
     shutil.copytree(REPO / "solutions", tmp_path / "b")
     out = tmp_path / "out"
@@ -109,6 +150,13 @@ def test_a_batch_computes_each_reference_once(tmp_path):
     assert first["references computed"] > 0 and first["references reused"] == 0
     assert (second["references computed"], second["references reused"]) == (0, first["references computed"])
     assert any((out / store.REFERENCES / "gelu" / "forward").iterdir())
+    assert len({id(s) for s, *_ in kept}) == 1  # one store for the batch
+    assert len({path for _, path, _, _ in kept}) == first["references computed"]
+    assert kept[0][0].reads == 0  # the second student's records came from memory
+    for _, path, record, snapshot in kept:  # what the runs were handed was only read
+        now = [(name, t) for values in record for name, t in values.items() if isinstance(t, torch.Tensor)]
+        assert [n for n, _ in now] == [n for n, _ in snapshot], path
+        assert all(torch.equal(a, b) for (_, a), (_, b) in zip(now, snapshot, strict=True)), path
 
 
 def test_runs_that_need_a_case_at_once_compute_it_once(tmp_path):

@@ -26,6 +26,9 @@ SMALL_ERROR = 0.02
 SPREAD_FRACTION = 0.05
 # Errors that start at an index divisible by this (or a larger power of two) start at a block boundary.
 MIN_BLOCK = 16
+# Elements per slice of the first pass (:func:`_all_close`): its float64 temporaries (512 KB each) stay in the
+# core's cache, which made that pass 7 times faster than whole-tensor operations on a FlashAttention output.
+CLOSE_CHUNK = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,8 @@ def compare(name: str, got: torch.Tensor, expected: torch.Tensor, tol: Tolerance
         return Mismatch(name, f"{name}: shape {tuple(got.shape)}, expected {tuple(expected.shape)}")
     if got.dtype != tol.dtype:
         return Mismatch(name, f"{name}: dtype {got.dtype}, expected {tol.dtype}")
+    if _all_close(got, expected, tol):
+        return None
     unwritten = unwritten_mask(got)
     g = got.to(torch.float64)
     e = expected.to(torch.float64)
@@ -98,6 +103,22 @@ def compare(name: str, got: torch.Tensor, expected: torch.Tensor, tol: Tolerance
     if hint:
         lines.append(f"  hint: {hint}")
     return Mismatch(name, "\n".join(lines))
+
+
+def _all_close(got: torch.Tensor, expected: torch.Tensor, tol: Tolerance) -> bool:
+    """Every element finite and within ``tol``, computed as :func:`compare` computes it, a slice at a time. True
+    only where :func:`compare` finds no mismatch (a NaN or an infinity anywhere gives False: the full analysis
+    then decides, and explains). The grader judges every case of every run: most outputs pass, and this pass
+    costs them a fraction of the analysis a mismatch needs."""
+    g, e = got.reshape(-1), expected.reshape(-1)
+    for start in range(0, g.numel(), CLOSE_CHUNK):
+        e_part = e[start:start + CLOSE_CHUNK].to(torch.float64)
+        diff = g[start:start + CLOSE_CHUNK].to(torch.float64, copy=True).sub_(e_part).abs_()  # never got's own
+        bound = e_part.abs().mul_(tol.rtol).add_(tol.atol)
+        # an infinite expected value makes its bound infinite, and any difference "close": the analysis decides
+        if not bool(diff.le_(bound).all()) or bool(bound.isinf().any()):
+            return False
+    return True
 
 
 def _small_error_hint(bad: torch.Tensor, bad_finite: torch.Tensor, max_abs: float, e: torch.Tensor,

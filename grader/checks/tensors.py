@@ -156,8 +156,14 @@ def unwritten_mask(t: torch.Tensor) -> torch.Tensor | None:
 
 def raw_bytes(t: torch.Tensor) -> bytes:
     """The elements' bytes in row-major order, whatever the layout (sizes 0 and 1, zero strides, offsets)."""
+    return row_major_bytes(t).tobytes()
+
+
+def row_major_bytes(t: torch.Tensor) -> memoryview:
+    """:func:`raw_bytes` without a copy where ``t`` is a dense row-major CPU tensor already (to hash it)."""
     if t.numel() == 0:
-        return b""
-    dense = torch.empty(t.shape, dtype=t.dtype)  # default strides: row-major and dense
-    dense.copy_(t.detach().cpu())
-    return dense.reshape(-1).view(torch.uint8).numpy().tobytes()
+        return memoryview(b"")
+    flat = t.detach().cpu().reshape(-1)
+    if flat.stride(0) != 1:  # a view that steps over elements (a size-1 tensor may keep any stride)
+        flat = torch.empty(flat.shape, dtype=flat.dtype).copy_(flat)
+    return memoryview(flat.view(torch.uint8).numpy())

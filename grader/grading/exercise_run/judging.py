@@ -65,7 +65,7 @@ def output_fingerprint(outputs: dict[str, torch.Tensor]) -> bytes:
     for name in sorted(outputs):
         t = outputs[name]
         digest.update(f"{name}{tuple(t.shape)}{t.dtype}".encode())
-        digest.update(tensors.raw_bytes(t))
+        digest.update(tensors.row_major_bytes(t))
     return digest.digest()
 
 

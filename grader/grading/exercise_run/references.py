@@ -11,6 +11,11 @@ the part, the case, the exercise spec's source and the torch version that comput
 that was changed, truncated, or copied from another batch (another secret) fails the check: it is refused by
 name (a warning, and :attr:`ReferenceStore.refused`) and computed again, never used.
 
+A record stored or read once is kept in the grader's memory (:data:`KEPT_BYTES` of the latest, per store) while its file is
+unchanged: every student of a batch runs the same cases, and reading, checking and unpickling a FlashAttention
+record again for each took seconds of the grader's CPU per student. What :meth:`ReferenceStore.load` returns is that
+record itself, shared by every run of the process: it is only read (sent to a worker, compared with), never changed.
+
 Runs that need a record nobody stored yet compute it once: within a process they wait for the run computing it;
 across processes (a batch split over one grader process per GPU, Slurm array tasks on a shared folder) each
 computation holds a lock file beside the record (``flock``), and a process that finds it held waits, then loads
@@ -28,10 +33,12 @@ import inspect
 import io
 import json
 import os
+import stat
 import sys
 import tempfile
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +49,11 @@ import torch
 from grader.checks.spec import Case, Inputs, Part
 
 MAC_BYTES = 32
+# Records kept in memory once read, in bytes of their tensors, the latest first: a FlashAttention run's records are
+# about 1.5 GB (its speed rechecks' 670 MB each), and a batch grades one exercise's runs side by side.
+KEPT_BYTES = 2 << 30
 
+Record = tuple[Inputs, dict[str, torch.Tensor]]  # a case's inputs and its reference outputs
 Compute = Callable[[Part, Inputs], dict[str, Any]]  # how a reference is computed: on the CPU, or a GPU's
 # where a run's time with the store went (grader grade --profile); waiting: for a record another run computes now, and
 # loading it then
@@ -79,9 +90,15 @@ class ReferenceStore:
     folder: Path | None
     secret: str
     refused: list[str] = field(default_factory=list)  # records that failed their check, by name
+    reads: int = 0  # records read from their files (the others came from memory)
+    kept_bytes: int = KEPT_BYTES
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _computing: dict[Path, threading.Event] = field(default_factory=dict, repr=False)  # in this process, now
     _refused_names: set[str] = field(default_factory=set, repr=False)
+    # path -> (the file's inode, size and mtime when read, the record, its bytes): the latest last
+    _kept: OrderedDict[Path, tuple[tuple[int, int, int], Record, int]] = field(default_factory=OrderedDict,
+                                                                              repr=False)
+    _kept_total: int = field(default=0, repr=False)
 
     # ------------------------------------------------------------------------------------------ names
 
@@ -105,14 +122,35 @@ class ReferenceStore:
 
     # ------------------------------------------------------------------------------------------ records
 
-    def load(self, exercise: str, part: Part, case: Case) -> tuple[Inputs, dict[str, torch.Tensor]] | None:
-        """The stored inputs and reference of ``case``, or None (not stored yet, or refused)."""
+    def load(self, exercise: str, part: Part, case: Case) -> Record | None:
+        """The stored inputs and reference of ``case``, or None (not stored yet, or refused). Shared: never
+        change them in place."""
         path = self.path(exercise, part, case)
-        if path is None or not path.is_file():
+        if path is None:
+            return None
+        try:
+            info = path.stat()
+        except OSError:
+            return None
+        if not stat.S_ISREG(info.st_mode):
             return None
         name = f"{exercise}/{part.name}/{path.name}"
-        if name in self._refused_names:  # said once; computed again and overwritten by the run that refused it
-            return None
+        version = (info.st_ino, info.st_size, info.st_mtime_ns)
+        with self._lock:
+            if name in self._refused_names:  # said once; computed again and overwritten by the run that refused it
+                return None
+            kept = self._kept.get(path)
+            if kept is not None and kept[0] == version:
+                self._kept.move_to_end(path)
+                return kept[1]
+        record = self._read(path, name, exercise, part, case)
+        if record is not None:
+            self._keep(path, version, record)
+        return record
+
+    def _read(self, path: Path, name: str, exercise: str, part: Part, case: Case) -> Record | None:
+        with self._lock:
+            self.reads += 1
         try:
             blob = path.read_bytes()
         except OSError as exc:
@@ -130,6 +168,20 @@ class ReferenceStore:
             self._refuse(name, f"cannot be read ({type(exc).__name__}: {exc})")
             return None
         return inputs, expected
+
+    def _keep(self, path: Path, version: tuple[int, int, int], record: Record) -> None:
+        size = _nbytes(record)
+        with self._lock:
+            old = self._kept.pop(path, None)
+            if old is not None:
+                self._kept_total -= old[2]
+            if size > self.kept_bytes:
+                return
+            self._kept[path] = (version, record, size)
+            self._kept_total += size
+            while self._kept_total > self.kept_bytes:
+                _, (_, _, dropped) = self._kept.popitem(last=False)
+                self._kept_total -= dropped
 
     def save(self, exercise: str, part: Part, case: Case, inputs: Inputs,
              expected: dict[str, torch.Tensor]) -> None:
@@ -149,10 +201,13 @@ class ReferenceStore:
                 f.write(mac)
                 f.write(payload)
             os.replace(tmp, path)  # atomic: a concurrent reader sees the whole record or none
+            info = path.stat()
         except OSError as exc:  # a full disk costs time (the next run computes it again), never a grade
             print(f"grader: could not store a reference ({exc})", file=sys.stderr)
             with contextlib.suppress(OSError, UnboundLocalError):
                 os.unlink(tmp)
+            return
+        self._keep(path, (info.st_ino, info.st_size, info.st_mtime_ns), (inputs, expected))
 
     def reference(self, exercise: str, part: Part, case: Case, inputs: Inputs, *,
                   compute: Compute | None = None) -> tuple[dict[str, Any], bool]:
@@ -192,6 +247,17 @@ class ReferenceStore:
             self.refused.append(f"{name}: {why}")
             self._refused_names.add(name)
         print(f"grader: refused the stored reference {name}: {why}; computing it again", file=sys.stderr)
+
+
+def _nbytes(record: Record) -> int:
+    """The bytes of a record's tensors (a storage that several views share counted once)."""
+    storages = {}
+    for values in record:
+        for value in values.values():
+            if isinstance(value, torch.Tensor):
+                storage = value.untyped_storage()
+                storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
 
 
 class CaseReferences:
