@@ -96,9 +96,10 @@ def test_a_forged_record_with_wrong_outputs_is_refused(tmp_path):
 
 
 def test_a_record_read_once_comes_from_memory_until_its_file_changes(tmp_path, capsys):
-    part, case, inputs, expected = _fill(tmp_path)
+    part, case, inputs, _ = _fill(tmp_path)
     reader = ReferenceStore(tmp_path, "s1")
     first = reader.load("gelu", part, case)
+    assert all(torch.equal(first[0][k], v) for k, v in inputs.items() if isinstance(v, torch.Tensor))
     assert reader.load("gelu", part, case) is first and reader.reads == 1  # the same record, not read again
     path = reader.path("gelu", part, case)
     blob = bytearray(path.read_bytes())
@@ -128,7 +129,8 @@ def test_the_records_kept_are_bounded_latest_first(tmp_path):
 
 def test_a_batch_computes_each_reference_once(tmp_path, monkeypatch):
     """Two students of one batch: the second computes no reference (the state files record the counts) and reads
-    none from its file (kept in memory when the first stored them); grading them leaves every kept record as it was read."""
+    none from its file (kept in memory when the first stored them); grading them leaves every kept record as it
+    was."""
     kept = []
     keep = ReferenceStore._keep
 

@@ -11,8 +11,8 @@ the part, the case, the exercise spec's source and the torch version that comput
 that was changed, truncated, or copied from another batch (another secret) fails the check: it is refused by
 name (a warning, and :attr:`ReferenceStore.refused`) and computed again, never used.
 
-A record stored or read once is kept in the grader's memory (:data:`KEPT_BYTES` of the latest, per store) while its file is
-unchanged: every student of a batch runs the same cases, and reading, checking and unpickling a FlashAttention
+A record stored or read once is kept in the grader's memory (:data:`KEPT_BYTES` of the latest, per store) while its
+file is unchanged: every student of a batch runs the same cases, and reading, checking and unpickling a FlashAttention
 record again for each took seconds of the grader's CPU per student. What :meth:`ReferenceStore.load` returns is that
 record itself, shared by every run of the process: it is only read (sent to a worker, compared with), never changed.
 
@@ -49,8 +49,9 @@ import torch
 from grader.checks.spec import Case, Inputs, Part
 
 MAC_BYTES = 32
-# Records kept in memory once read, in bytes of their tensors, the latest first: a FlashAttention run's records are
-# about 1.5 GB (its speed rechecks' 670 MB each), and a batch grades one exercise's runs side by side.
+# Records kept in memory once stored or read, in bytes of their tensors, the latest first. The largest, a
+# FlashAttention speed recheck's, is 670 MB; a batch grades one exercise's runs side by side, so the records asked
+# for again are among the latest.
 KEPT_BYTES = 2 << 30
 
 Record = tuple[Inputs, dict[str, torch.Tensor]]  # a case's inputs and its reference outputs
