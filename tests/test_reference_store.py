@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from grader import exercises
+from grader.checks import tensors
 from grader.checks.spec import Case
 from grader.grading import config
 from grader.grading.commands import grade as grade_cmd
@@ -107,6 +108,19 @@ def test_a_record_read_once_comes_from_memory_until_its_file_changes(tmp_path, c
     path.write_bytes(bytes(blob))  # changed after it was kept: its size and time say so
     assert reader.load("gelu", part, case) is None and reader.reads == 2
     assert reader.refused and "refused the stored reference" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("exercise, part_name", [(e.name, p.name) for e in exercises.all_exercises()
+                                                  for p in e.parts])
+def test_a_reference_leaves_its_inputs_as_they_were(exercise, part_name):
+    """A record's inputs are shared by every run of the process once kept: computing the reference (or anything
+    else the grader does with them) must never change them in place."""
+    part = exercises.get(exercise).part(part_name)
+    for case in part.examples[:2]:
+        inputs = part.make_inputs(case)
+        before = {k: v.clone() for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+        references._on_cpu(part, inputs)
+        assert all(tensors.same_bits(inputs[k], v) for k, v in before.items()), case
 
 
 def test_the_records_kept_are_bounded_latest_first(tmp_path):
