@@ -84,13 +84,17 @@ class Progress:
         if not self._weighted:  # every task alike
             return elapsed / self.done * (self.total - self.done)
         medians = {exercise: statistics.median(times) for exercise, times in self._took.items()}
-        factor = statistics.median(self._scale) if self._scale else 1.0
+        factor = self._factor()
         now = self._clock()
         under_way = sum(min(now - since, self._expected(key, medians, factor)) for key, since in self._since.items())
         progress = sum(sum(times) for times in self._took.values()) + under_way
         left = sum(medians[exercise] * count if exercise in medians else planned * factor
                    for exercise, (count, planned) in self._left.items()) - under_way
         return elapsed * max(0.0, left) / progress if progress > 0 else 0.0
+
+    def _factor(self) -> float:
+        """How long the finished tasks took against their plans (the median ratio; 1 before any finished)."""
+        return statistics.median(self._scale) if self._scale else 1.0
 
     def _expected(self, key: str, medians: Mapping[str, float], factor: float) -> float:
         """A task's expected seconds: its exercise's median so far, else its plan scaled as the finished ran."""
@@ -125,8 +129,7 @@ class Progress:
         if took is None and since is not None:
             took = self._clock() - since
         if took is None:  # neither its time nor its start is known: as expected
-            factor = statistics.median(self._scale) if self._scale else 1.0
-            took = statistics.median(self._took[exercise]) if exercise in self._took else planned * factor
+            took = statistics.median(self._took[exercise]) if exercise in self._took else planned * self._factor()
         self._took.setdefault(exercise, []).append(max(0.0, took))
         if planned > 0:
             self._scale.append(max(0.0, took) / planned)

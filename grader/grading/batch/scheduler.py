@@ -39,6 +39,11 @@ BENCHMARK_S = 5.0  # compiling and warming up one benchmark, on top of the timin
 TAIL_RUNS_PER_PLACE = 2
 
 
+def task_key(student: str, exercise: str) -> str:
+    """A task's name: its student and exercise (the progress line's key)."""
+    return f"{student} {exercise}"
+
+
 @dataclass
 class Task:
     student: str
@@ -52,7 +57,7 @@ class Task:
 
     @property
     def key(self) -> str:
-        return f"{self.student} {self.exercise.name}"
+        return task_key(self.student, self.exercise.name)
 
 
 @dataclass

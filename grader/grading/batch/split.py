@@ -39,7 +39,7 @@ from grader.grading import config
 from grader.grading.batch import exits, gpus, markers
 from grader.grading.batch.context import Context, Terminated, UsageError, signals_held
 from grader.grading.batch.progress import Progress
-from grader.grading.batch.scheduler import Task
+from grader.grading.batch.scheduler import Task, task_key
 from grader.grading.isolation import processes, threads
 from grader.grading.results import store
 
@@ -200,7 +200,7 @@ class _Watch:
         for student, exercise in running:
             if (student, exercise) not in self.started:  # started about now: its time so far counts as work done
                 self.started.add((student, exercise))
-                self.progress.start(f"{student} {exercise}")
+                self.progress.start(task_key(student, exercise))
         self.progress.set_running(len(running) + len(new))  # each one reported below was running until now
         for student, exercise in new:
             took = None
@@ -209,7 +209,8 @@ class _Watch:
                 text, took = f"{result.status} ({result.elapsed_s:.1f} s)", result.elapsed_s
             except (OSError, ValueError, KeyError):
                 text = "written"
-            self.progress.advance(f"{student} {exercise}: {text}", key=f"{student} {exercise}", took_s=took)
+            self.progress.advance(f"{student} {exercise}: {text}", key=task_key(student, exercise),
+                                  took_s=took)
 
     def close(self) -> None:
         self._stop.set()
