@@ -6,6 +6,7 @@ autotuner timing its configs has the GPU alone once per choice."""
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import os
 import threading
@@ -150,6 +151,123 @@ def test_a_compiling_process_never_holds_up_a_turn_and_continues_after_it():
     assert granted_after < 0.5, granted_after
     assert order == ["launch", "timed rounds", "timed rounds end", "next launch"]
     assert worker.client.waited_s > 0.05  # paused after its compilation: not the student's time
+
+
+def test_a_compilation_on_a_thread_the_stretch_waits_for_never_holds_up_a_turn():
+    # PyTorch runs a CUDA backward pass on a thread of its own while the calling thread waits inside use(); Triton
+    # compiles the backward's kernels on that thread
+    arbiter = GpuArbiter()
+    worker, timer = ThreadProcess(arbiter, "worker"), ThreadProcess(arbiter, "timer")
+    compiling, order = threading.Event(), []
+
+    def backward_thread():
+        with worker.gate.released():  # compiling the backward's kernel: CPU work
+            compiling.set()
+            time.sleep(1.0)
+        with worker.gate.released():  # a second compilation, after the turn: nothing to give back twice
+            pass
+        order.append("backward launch")
+
+    def student_call():
+        with worker.gate.use():
+            order.append("forward launch")
+            ended = threading.Event()
+
+            def engine():  # a thread Python's threading did not start, as PyTorch's engine's
+                try:
+                    backward_thread()
+                finally:
+                    ended.set()
+
+            _thread.start_new_thread(engine, ())
+            ended.wait(10)  # the calling thread waits for the backward pass
+            order.append("after backward")
+
+    t = threading.Thread(target=student_call)
+    t.start()
+    compiling.wait(10)
+    started = time.monotonic()
+    with timer.gate.use(), timer.gate.alone():
+        granted_after = time.monotonic() - started
+        order.append("timed rounds")
+        time.sleep(1.2)  # the compilation ends meanwhile: its launch waits for the turn
+        order.append("timed rounds end")
+    t.join(10)
+    assert granted_after < 0.5, granted_after
+    assert order == ["forward launch", "timed rounds", "timed rounds end", "backward launch", "after backward"]
+    with timer.gate.use(), timer.gate.alone():  # the stretch was given back whole and has ended: nothing in use
+        pass
+    assert worker.gate._users == 0
+
+
+def test_a_compiling_thread_python_started_lends_nothing_and_a_turn_waits_for_the_stretch():
+    # the grader's compiling threads: the thread inside use() may go on with GPU work meanwhile
+    arbiter = GpuArbiter()
+    worker, timer = ThreadProcess(arbiter, "worker"), ThreadProcess(arbiter, "timer")
+    compiling, stretch_ended, order = threading.Event(), threading.Event(), []
+
+    def compile_thread():
+        with worker.gate.released():
+            compiling.set()
+            time.sleep(0.6)
+
+    def stretch():
+        with worker.gate.use():
+            pool = threading.Thread(target=compile_thread)
+            pool.start()
+            pool.join(10)
+            order.append("stretch ends")
+        stretch_ended.set()
+
+    t = threading.Thread(target=stretch)
+    t.start()
+    compiling.wait(10)
+    with timer.gate.use(), timer.gate.alone():
+        order.append("timed rounds")
+    t.join(10)
+    assert order == ["stretch ends", "timed rounds"]
+    assert worker.gate._users == 0
+
+
+def test_lending_threads_and_a_releasing_caller_never_hold_up_a_turn():
+    # the engine's thread lends the stretch, then the calling thread releases it too (in either order): the count
+    # goes below zero for a while, and a turn asked for meanwhile is granted at once
+    arbiter = GpuArbiter()
+    worker, timer = ThreadProcess(arbiter, "worker"), ThreadProcess(arbiter, "timer")
+    lent, go_on, ended = threading.Event(), threading.Event(), threading.Event()
+
+    def engine():
+        try:
+            with worker.gate.released():
+                lent.set()
+                go_on.wait(10)
+        finally:
+            ended.set()
+
+    def caller():
+        with worker.gate.use():
+            _thread.start_new_thread(engine, ())
+            lent.wait(10)
+            with worker.gate.released():
+                go_on.wait(10)
+                ended.wait(10)
+
+    def turn():
+        with timer.gate.use(), timer.gate.alone():
+            granted.set()
+            go_on.set()
+
+    granted = threading.Event()
+    t = threading.Thread(target=caller, daemon=True)
+    t.start()
+    lent.wait(10)
+    time.sleep(0.1)
+    threading.Thread(target=turn, daemon=True).start()
+    assert granted.wait(2), "a turn waited for a stretch nobody used"
+    t.join(10)
+    with timer.gate.use(), timer.gate.alone():
+        pass
+    assert worker.gate._users == 0
 
 
 def test_a_process_that_is_gone_never_blocks_a_turn():

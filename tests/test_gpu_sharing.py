@@ -139,3 +139,16 @@ def test_a_worker_sleeps_while_it_waits_for_the_gpu():
         seen[how] = (asked, int(flags), float(cpu_share))
     assert seen["sleep"][:2] == ("True", 4), seen  # CU_CTX_SCHED_BLOCKING_SYNC
     assert seen["sleep"][2] < 0.2 < 0.8 < seen["spin"][2], seen
+
+
+def test_starting_cuda_ahead_where_there_is_none_says_why_and_raises_nothing():
+    """``runtime.start_cuda`` (a worker, before its first request): where CUDA cannot start, the worker goes on and
+    the first case meets and reports the error, as it would have without it."""
+    import torch
+
+    from grader.checks import runtime
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: CUDA starts here (a batch's profile shows where the context is made)")
+    why = runtime.start_cuda()
+    assert why is not None and "CUDA" in why, why

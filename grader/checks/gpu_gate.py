@@ -7,7 +7,8 @@ alone. A process holds a :class:`Gate` (two pipes to the arbiter of its GPU) and
 * ``use()`` — a stretch of GPU work (a request of the grader's, a validation replay). Several processes use
   the GPU at once.
 * ``released()`` — CPU work inside such a stretch (Triton compiling a kernel, building its launcher): nobody
-  waits for it.
+  waits for it. On a thread of PyTorch's (a CUDA backward pass runs on one while the calling thread waits inside
+  ``use()``) it releases the caller's stretch too.
 * ``alone()`` — the GPU for this process alone (the timed rounds; an autotuner timing its configs). The
   arbiter first pauses every other process: each finishes the ``use()`` stretch it is in (or is compiling, which
   never holds anyone up), waits for the work it already queued on the GPU, and says so. Its compilation goes on
@@ -75,7 +76,8 @@ class Gate(NoGate):
         self._synchronize = synchronize or _synchronize  # waits for this process's GPU work, before "paused"
         self._cond = threading.Condition()
         self._local = threading.local()
-        self._users = 0  # threads inside use() and not released()
+        # threads inside use() and not released(), less those lent (_lend): at most 0 when none uses the GPU
+        self._users = 0
         self._paused = False
         self._wants = False  # paused, and a thread waits in use(): the arbiter was told (once per pause)
         self._granted = False
@@ -108,8 +110,13 @@ class Gate(NoGate):
     @contextlib.contextmanager
     def released(self) -> Iterator[None]:
         depth = getattr(self._local, "depth", 0)
-        if depth == 0:
-            yield
+        if depth == 0:  # a thread outside use(): see _lend
+            lent = _started_outside_python() and self._lend()
+            try:
+                yield
+            finally:
+                if lent:
+                    self._enter()
             return
         self._local.depth = 0
         self._leave()
@@ -135,6 +142,21 @@ class Gate(NoGate):
         finally:
             self._send(b"R")
 
+    def _lend(self) -> bool:
+        """CPU work on a thread that Python did not start, while a thread of the process is inside ``use()``:
+        PyTorch runs a CUDA backward pass on a thread of its own while the calling thread waits in ``use()``, and
+        Triton compiles the backward's kernels there. The caller's stretch waits on that thread, so its compilation
+        releases the stretch too (True: the thread gives it back, through ``_enter``, when it is done): a pause no
+        longer waits for the compiler, and the launches after it wait for the pause to end. Threads Python started
+        (the grader's compiling threads, the student's) lend nothing: the thread that started them may go on with
+        GPU work meanwhile."""
+        with self._cond:
+            if self._users <= 0:
+                return False
+            self._users -= 1
+            self._cond.notify_all()
+            return True
+
     def _enter(self) -> None:
         with self._cond:
             if self._paused and not self._wants:
@@ -157,7 +179,7 @@ class Gate(NoGate):
             if byte == b"P":
                 with self._cond:
                     self._paused, self._paused_since = True, time.monotonic()
-                    while self._users:
+                    while self._users > 0:
                         self._cond.wait()
                 self._pause_now()
             elif byte == b"C":
@@ -202,6 +224,11 @@ class Gate(NoGate):
     def _send(self, byte: bytes) -> None:
         with self._send_lock, contextlib.suppress(OSError):
             os.write(self._write_fd, byte)
+
+
+def _started_outside_python() -> bool:
+    """Is this thread one that Python's ``threading`` did not start (a thread of PyTorch's autograd engine)?"""
+    return isinstance(threading.current_thread(), threading._DummyThread)
 
 
 def _synchronize() -> None:

@@ -96,6 +96,24 @@ def sleep_while_waiting() -> bool:
     return done
 
 
+def start_cuda() -> str | None:
+    """Create this process's CUDA context and load Triton's GPU driver (its C utilities, built by the C compiler
+    the first time) now, before any request: a case that created them took 4–6 s on a loaded host, and every turn
+    alone asked for meanwhile waited for that case to end. Neither runs a kernel. Why it failed, or None (the first
+    case then meets the same error and reports it)."""
+    try:
+        import torch
+
+        torch.cuda.init()
+        torch.cuda.mem_get_info()  # needs the context: creates it, and allocates nothing of the caching allocator's
+        from triton.runtime import driver
+
+        driver.active.get_current_device()
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
 def cuda_broken() -> str | None:
     """Why this process's CUDA context can no longer be used, or None. A kernel's illegal memory access is
     sticky: every later launch and copy fails with it, so the process must be replaced."""

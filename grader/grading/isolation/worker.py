@@ -194,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
         from grader.checks import specialization
 
         specialization.install()
+        if (why := runtime.start_cuda()) is not None:  # outside use(): no turn alone waits for it
+            print(f"worker: starting CUDA failed: {why}", file=sys.stderr)
     exercise = exercises.get(job.exercise)
     if job.call_timeout_s > 0:  # importing the module is student code too
         watchdog.arm(job.call_timeout_s)
