@@ -125,6 +125,19 @@ def test_every_request_a_worker_runs_has_a_name_in_the_profile():
     assert set(DOING) == runs and all(DOING.values())
 
 
+def _turn_while_compiling(timer: ThreadProcess, compiling: threading.Event, order: list[str]) -> float:
+    """Once another process's compilation (a second of it) has begun, take a turn alone for 1.2 s; how long the
+    turn waited to be granted."""
+    compiling.wait(10)
+    started = time.monotonic()
+    with timer.gate.use(), timer.gate.alone():
+        granted_after = time.monotonic() - started
+        order.append("timed rounds")
+        time.sleep(1.2)  # the compilation ends meanwhile: the launch after it waits for the turn
+        order.append("timed rounds end")
+    return granted_after
+
+
 def test_a_compiling_process_never_holds_up_a_turn_and_continues_after_it():
     arbiter = GpuArbiter()
     worker, timer = ThreadProcess(arbiter, "worker"), ThreadProcess(arbiter, "timer")
@@ -140,13 +153,7 @@ def test_a_compiling_process_never_holds_up_a_turn_and_continues_after_it():
 
     t = threading.Thread(target=student_call)
     t.start()
-    compiling.wait(10)
-    started = time.monotonic()
-    with timer.gate.use(), timer.gate.alone():
-        granted_after = time.monotonic() - started
-        order.append("timed rounds")
-        time.sleep(1.2)  # the compilation ends meanwhile: its next launch waits for the turn
-        order.append("timed rounds end")
+    granted_after = _turn_while_compiling(timer, compiling, order)
     t.join(10)
     assert granted_after < 0.5, granted_after
     assert order == ["launch", "timed rounds", "timed rounds end", "next launch"]
@@ -185,13 +192,7 @@ def test_a_compilation_on_a_thread_the_stretch_waits_for_never_holds_up_a_turn()
 
     t = threading.Thread(target=student_call)
     t.start()
-    compiling.wait(10)
-    started = time.monotonic()
-    with timer.gate.use(), timer.gate.alone():
-        granted_after = time.monotonic() - started
-        order.append("timed rounds")
-        time.sleep(1.2)  # the compilation ends meanwhile: its launch waits for the turn
-        order.append("timed rounds end")
+    granted_after = _turn_while_compiling(timer, compiling, order)
     t.join(10)
     assert granted_after < 0.5, granted_after
     assert order == ["forward launch", "timed rounds", "timed rounds end", "backward launch", "after backward"]

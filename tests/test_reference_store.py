@@ -169,6 +169,7 @@ def test_a_batch_computes_each_reference_once(tmp_path, monkeypatch):
     assert len({id(s) for s, *_ in kept}) == 1  # one store for the batch
     assert len({path for _, path, _, _ in kept}) == first["references computed"]
     assert kept[0][0].reads == 0  # the second student's records came from memory
+    assert kept[0][0].drawn == first["references computed"]  # and the second drew no inputs
     for _, path, record, snapshot in kept:  # what the runs were handed was only read
         now = [(name, t) for values in record for name, t in values.items() if isinstance(t, torch.Tensor)]
         assert [n for n, _ in now] == [n for n, _ in snapshot], path
@@ -217,6 +218,75 @@ def test_runs_that_need_a_case_at_once_compute_it_once(tmp_path):
         if r is not computing:
             assert r.seconds[references.WAITING] >= 0.2 and r.seconds[references.COMPUTING] == 0, r.seconds
 
+
+
+def _counted(real, calls: list, delay_s: float = 0.0):
+    """``real`` with a ``make_inputs`` that counts its calls (and takes ``delay_s``)."""
+    import dataclasses
+
+    def make_inputs(case):
+        calls.append(case)
+        time.sleep(delay_s)
+        return real.make_inputs(case)
+
+    return dataclasses.replace(real, make_inputs=make_inputs)
+
+
+def test_runs_that_need_a_cases_inputs_at_once_draw_them_once(tmp_path):
+    """The batch's first students, side by side: eight runs ask for the inputs of a case no record holds at the same
+    moment; one draws them, the others wait and get the same tensors."""
+    import threading
+
+    calls = []
+    part = _counted(exercises.get("gelu").part("forward"), calls, delay_s=0.3)
+    case = _case(part)
+    store_ = ReferenceStore(tmp_path, "s1")
+    runs = [CaseReferences(store_, "gelu") for _ in range(8)]
+    barrier = threading.Barrier(len(runs))
+    got = [None] * len(runs)
+
+    def ask(i):
+        barrier.wait()
+        got[i] = runs[i].inputs(part, case)
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(runs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and store_.drawn == 1
+    assert all(g is got[0] for g in got)
+    assert torch.equal(got[0]["x"], part.make_inputs(case)["x"])  # the case's own inputs
+
+
+def test_drawn_inputs_are_kept_until_the_record_holds_them(tmp_path):
+    calls = []
+    part = _counted(exercises.get("gelu").part("forward"), calls)
+    case = _case(part)
+    store_ = ReferenceStore(tmp_path, "s1")
+    first, second = CaseReferences(store_, "gelu"), CaseReferences(store_, "gelu")
+    inputs = first.inputs(part, case)
+    assert second.inputs(part, case) is inputs and len(calls) == 1  # drawn once, not stored yet
+    first.expected(part, case, inputs)  # computed and stored with its inputs
+    assert not store_._drawn and store_._drawn_total == 0  # the record holds them now
+    third = CaseReferences(store_, "gelu")
+    assert third.inputs(part, case) is inputs and third.reused == 1 and len(calls) == 1  # from the record
+
+
+def test_the_drawn_inputs_kept_are_bounded_latest_first(tmp_path, monkeypatch):
+    calls, real = [], exercises.get("gelu").part("forward")
+    part = _counted(real, calls)
+    cases = [_case(part, seed) for seed in (1, 2)]
+    store_ = ReferenceStore(tmp_path, "s1")
+    one = references._nbytes((real.make_inputs(cases[0]),))
+    monkeypatch.setattr(references, "DRAWN_BYTES", one)  # room for one
+    run = CaseReferences(store_, "gelu")
+    run.inputs(part, cases[0])
+    run.inputs(part, cases[1])
+    run.inputs(part, cases[1])
+    assert len(calls) == 2  # the latest kept
+    run.inputs(part, cases[0])
+    assert len(calls) == 3 and store_.drawn == 3  # the oldest was dropped: drawn again
 
 
 _ONE_PROCESS = """

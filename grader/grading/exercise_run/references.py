@@ -16,6 +16,11 @@ file is unchanged: every student of a batch runs the same cases, and reading, ch
 record again for each took seconds of the grader's CPU per student. What :meth:`ReferenceStore.load` returns is that
 record itself, shared by every run of the process: it is only read (sent to a worker, compared with), never changed.
 
+A case's inputs are drawn once too: runs that need them before anyone stored the case's record (the batch's first
+students, side by side) share the inputs the first of them drew (kept in memory, :data:`DRAWN_BYTES` of the latest,
+until the record is stored), or wait while it draws them. A FlashAttention run draws about 8 s of inputs on one core,
+its speed rechecks' hundreds of megabytes most of that.
+
 Runs that need a record nobody stored yet compute it once: within a process they wait for the run computing it;
 across processes (a batch split over one grader process per GPU, Slurm array tasks on a shared folder) each
 computation holds a lock file beside the record (``flock``), and a process that finds it held waits, then loads
@@ -53,6 +58,9 @@ MAC_BYTES = 32
 # FlashAttention speed recheck's, is 670 MB; a batch grades one exercise's runs side by side, so the records asked
 # for again are among the latest.
 KEPT_BYTES = 2 << 30
+# Inputs drawn and not stored in a record yet, kept for the runs that need them meanwhile, in bytes, the latest first.
+DRAWN_BYTES = 1 << 30
+DRAW_WAIT_S = 600.0  # the longest a run waits for another's drawing before drawing its own
 
 Record = tuple[Inputs, dict[str, torch.Tensor]]  # a case's inputs and its reference outputs
 Compute = Callable[[Part, Inputs], dict[str, Any]]  # how a reference is computed: on the CPU, or a GPU's
@@ -92,6 +100,7 @@ class ReferenceStore:
     secret: str
     refused: list[str] = field(default_factory=list)  # records that failed their check, by name
     reads: int = 0  # records read from their files (the others came from memory)
+    drawn: int = 0  # inputs drawn for cases no record held (the others' came from a record or another run's draw)
     kept_bytes: int = KEPT_BYTES
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _computing: dict[Path, threading.Event] = field(default_factory=dict, repr=False)  # in this process, now
@@ -100,6 +109,9 @@ class ReferenceStore:
     _kept: OrderedDict[Path, tuple[tuple[int, int, int], Record, int]] = field(default_factory=OrderedDict,
                                                                               repr=False)
     _kept_total: int = field(default=0, repr=False)
+    _drawing: dict[Path, threading.Event] = field(default_factory=dict, repr=False)  # inputs being drawn, now
+    _drawn: OrderedDict[Path, tuple[Inputs, int]] = field(default_factory=OrderedDict, repr=False)  # latest last
+    _drawn_total: int = field(default=0, repr=False)
 
     # ------------------------------------------------------------------------------------------ names
 
@@ -184,6 +196,55 @@ class ReferenceStore:
                 _, (_, _, dropped) = self._kept.popitem(last=False)
                 self._kept_total -= dropped
 
+    def draw(self, exercise: str, part: Part, case: Case) -> tuple[Inputs, dict[str, torch.Tensor] | None]:
+        """The inputs of a case no record held: those another run of this process drew (waiting while it draws
+        them), else drawn here and kept for the others until the case's record is stored; with the case's
+        reference where its record was stored meanwhile. Shared: never change them in place."""
+        path = self.path(exercise, part, case)
+        if path is None:
+            return part.make_inputs(case), None
+        with self._lock:
+            drawn = self._drawn.get(path)
+            if drawn is not None:
+                self._drawn.move_to_end(path)
+                return drawn[0], None
+            running = self._drawing.get(path)
+            if running is None:
+                self._drawing[path] = threading.Event()
+        if running is not None:
+            running.wait(DRAW_WAIT_S)
+            found = self.load(exercise, part, case)
+            if found is not None:
+                return found
+            with self._lock:
+                drawn = self._drawn.get(path)
+            # else its drawing failed (this one meets the same error) or the memory dropped it: drawn again
+            return (drawn[0], None) if drawn is not None else (self._make(part, case), None)
+        try:
+            inputs = self._make(part, case)
+            self._keep_drawn(path, inputs)
+            return inputs, None
+        finally:
+            with self._lock:
+                self._drawing.pop(path).set()
+
+    def _make(self, part: Part, case: Case) -> Inputs:
+        inputs = part.make_inputs(case)
+        with self._lock:
+            self.drawn += 1
+        return inputs
+
+    def _keep_drawn(self, path: Path, inputs: Inputs) -> None:
+        size = _nbytes((inputs,))
+        with self._lock:
+            if size > DRAWN_BYTES:
+                return
+            self._drawn[path] = (inputs, size)
+            self._drawn_total += size
+            while self._drawn_total > DRAWN_BYTES:
+                _, (_, dropped) = self._drawn.popitem(last=False)
+                self._drawn_total -= dropped
+
     def save(self, exercise: str, part: Part, case: Case, inputs: Inputs,
              expected: dict[str, torch.Tensor]) -> None:
         path = self.path(exercise, part, case)
@@ -209,6 +270,9 @@ class ReferenceStore:
                 os.unlink(tmp)
             return
         self._keep(path, (info.st_ino, info.st_size, info.st_mtime_ns), (inputs, expected))
+        with self._lock:  # the record holds them now
+            _, size = self._drawn.pop(path, (None, 0))
+            self._drawn_total -= size
 
     def reference(self, exercise: str, part: Part, case: Case, inputs: Inputs, *,
                   compute: Compute | None = None) -> tuple[dict[str, Any], bool]:
@@ -250,8 +314,8 @@ class ReferenceStore:
         print(f"grader: refused the stored reference {name}: {why}; computing it again", file=sys.stderr)
 
 
-def _nbytes(record: Record) -> int:
-    """The bytes of a record's tensors (a storage that several views share counted once)."""
+def _nbytes(record: tuple[dict[str, Any], ...]) -> int:
+    """The bytes of a record's (or inputs') tensors (a storage that several views share counted once)."""
     storages = {}
     for values in record:
         for value in values.values():
@@ -282,8 +346,11 @@ class CaseReferences:
         found = self.store.load(self.exercise, part, case)
         self._spent(LOADING, start)
         if found is None:
-            return part.make_inputs(case)
-        inputs, expected = found
+            inputs, expected = self.store.draw(self.exercise, part, case)
+            if expected is None:
+                return inputs
+        else:
+            inputs, expected = found
         with self._lock:
             self._loaded[self._key(part, case)] = expected
             self.reused += 1
