@@ -125,9 +125,11 @@ def test_every_request_a_worker_runs_has_a_name_in_the_profile():
     assert set(DOING) == runs and all(DOING.values())
 
 
-def _turn_while_compiling(timer: ThreadProcess, compiling: threading.Event, order: list[str]) -> float:
-    """Once another process's compilation (a second of it) has begun, take a turn alone for 1.2 s; how long the
-    turn waited to be granted."""
+def _turn_while_compiling(timer: ThreadProcess, call, compiling: threading.Event, order: list[str]) -> float:
+    """Run ``call`` (another process's) on a thread; once its compilation (a second of it) has begun, take a turn
+    alone for 1.2 s; how long the turn waited to be granted (``call`` has ended when this returns)."""
+    t = threading.Thread(target=call)
+    t.start()
     compiling.wait(10)
     started = time.monotonic()
     with timer.gate.use(), timer.gate.alone():
@@ -135,6 +137,7 @@ def _turn_while_compiling(timer: ThreadProcess, compiling: threading.Event, orde
         order.append("timed rounds")
         time.sleep(1.2)  # the compilation ends meanwhile: the launch after it waits for the turn
         order.append("timed rounds end")
+    t.join(10)
     return granted_after
 
 
@@ -151,10 +154,7 @@ def test_a_compiling_process_never_holds_up_a_turn_and_continues_after_it():
                 time.sleep(1.0)
             order.append("next launch")
 
-    t = threading.Thread(target=student_call)
-    t.start()
-    granted_after = _turn_while_compiling(timer, compiling, order)
-    t.join(10)
+    granted_after = _turn_while_compiling(timer, student_call, compiling, order)
     assert granted_after < 0.5, granted_after
     assert order == ["launch", "timed rounds", "timed rounds end", "next launch"]
     assert worker.client.waited_s > 0.05  # paused after its compilation: not the student's time
@@ -190,10 +190,7 @@ def test_a_compilation_on_a_thread_the_stretch_waits_for_never_holds_up_a_turn()
             ended.wait(10)  # the calling thread waits for the backward pass
             order.append("after backward")
 
-    t = threading.Thread(target=student_call)
-    t.start()
-    granted_after = _turn_while_compiling(timer, compiling, order)
-    t.join(10)
+    granted_after = _turn_while_compiling(timer, student_call, compiling, order)
     assert granted_after < 0.5, granted_after
     assert order == ["forward launch", "timed rounds", "timed rounds end", "backward launch", "after backward"]
     with timer.gate.use(), timer.gate.alone():  # the stretch was given back whole and has ended: nothing in use
@@ -546,10 +543,9 @@ def _bytes_sent(monkeypatch) -> list[tuple[str, bytes]]:
     return sent
 
 
-def _two_turns(arbiter: GpuArbiter, first: ThreadProcess, second: ThreadProcess, *, hold_s: float,
-               after_first=None) -> list[str]:
-    """``first`` takes a turn and holds it ``hold_s``; ``second`` asks for one meanwhile. ``after_first`` runs in
-    the first process's thread once its turn is over. What happened, in order."""
+def _two_turns(arbiter: GpuArbiter, first: ThreadProcess, second: ThreadProcess, *, hold_s: float) -> list[str]:
+    """``first`` takes a turn and holds it ``hold_s``; ``second`` asks for one meanwhile. What happened, in
+    order."""
     order, granted = [], threading.Event()
 
     def hold() -> None:
@@ -558,8 +554,6 @@ def _two_turns(arbiter: GpuArbiter, first: ThreadProcess, second: ThreadProcess,
             granted.set()
             time.sleep(hold_s)
             order.append("first end")
-        if after_first is not None:
-            after_first(order)
 
     t = threading.Thread(target=hold)
     t.start()
@@ -603,20 +597,33 @@ def test_a_chain_of_turns_lasts_at_most_max_chain_s_then_the_others_continue(mon
 
 
 def test_the_process_whose_turn_ended_finishes_its_gpu_work_before_the_next_turn_of_a_chain():
-    """After its turn a process goes on sharing the GPU (a worker records after its autotuning): the next turn
-    waits for that work, and the process's next stretch waits for the turn."""
+    """After its turn a process goes on sharing the GPU in the same stretch (a worker's speed request records after
+    its autotuning): the next turn waits for that work, and the process's next stretch waits for the turn."""
     arbiter = GpuArbiter()
+    first, second = ThreadProcess(arbiter, "first"), ThreadProcess(arbiter, "second")
+    order, granted = [], threading.Event()
 
-    def share_then_use_again(order: list[str]) -> None:
+    def request() -> None:
         with first.gate.use():
+            with first.gate.alone():
+                order.append("first")
+                granted.set()
+                time.sleep(0.2)
+                order.append("first end")
             order.append("first shares")
             time.sleep(0.3)
             order.append("first shares end")
         with first.gate.use():
             order.append("first again")
 
-    first = ThreadProcess(arbiter, "first")
-    order = _two_turns(arbiter, first, ThreadProcess(arbiter, "second"), hold_s=0.2, after_first=share_then_use_again)
+    t = threading.Thread(target=request)
+    t.start()
+    assert granted.wait(10)
+    with second.gate.alone():
+        order.append("second")
+        time.sleep(0.05)
+        order.append("second end")
+    t.join(10)
     assert order == ["first", "first end", "first shares", "first shares end", "second", "second end", "first again"]
     assert arbiter.chained == 1
 
