@@ -543,19 +543,20 @@ def _bytes_sent(monkeypatch) -> list[tuple[str, bytes]]:
     return sent
 
 
-def _two_turns(arbiter: GpuArbiter, first: ThreadProcess, second: ThreadProcess, *, hold_s: float) -> list[str]:
-    """``first`` takes a turn and holds it ``hold_s``; ``second`` asks for one meanwhile. What happened, in
-    order."""
+def _two_turns(arbiter: GpuArbiter, first: ThreadProcess, second: ThreadProcess, *, hold_s: float,
+               request=None) -> list[str]:
+    """``first`` takes a turn and holds it ``hold_s``; ``second`` asks for one meanwhile. ``request(turn, order)``,
+    where given, is what the first process's thread runs around its turn (``turn()``). What happened, in order."""
     order, granted = [], threading.Event()
 
-    def hold() -> None:
+    def turn() -> None:
         with first.gate.alone():
             order.append("first")
             granted.set()
             time.sleep(hold_s)
             order.append("first end")
 
-    t = threading.Thread(target=hold)
+    t = threading.Thread(target=turn if request is None else lambda: request(turn, order))
     t.start()
     assert granted.wait(10)
     with second.gate.alone():
@@ -600,30 +601,18 @@ def test_the_process_whose_turn_ended_finishes_its_gpu_work_before_the_next_turn
     """After its turn a process goes on sharing the GPU in the same stretch (a worker's speed request records after
     its autotuning): the next turn waits for that work, and the process's next stretch waits for the turn."""
     arbiter = GpuArbiter()
-    first, second = ThreadProcess(arbiter, "first"), ThreadProcess(arbiter, "second")
-    order, granted = [], threading.Event()
+    first = ThreadProcess(arbiter, "first")
 
-    def request() -> None:
+    def request(turn, order: list[str]) -> None:
         with first.gate.use():
-            with first.gate.alone():
-                order.append("first")
-                granted.set()
-                time.sleep(0.2)
-                order.append("first end")
+            turn()
             order.append("first shares")
             time.sleep(0.3)
             order.append("first shares end")
         with first.gate.use():
             order.append("first again")
 
-    t = threading.Thread(target=request)
-    t.start()
-    assert granted.wait(10)
-    with second.gate.alone():
-        order.append("second")
-        time.sleep(0.05)
-        order.append("second end")
-    t.join(10)
+    order = _two_turns(arbiter, first, ThreadProcess(arbiter, "second"), hold_s=0.2, request=request)
     assert order == ["first", "first end", "first shares", "first shares end", "second", "second end", "first again"]
     assert arbiter.chained == 1
 
