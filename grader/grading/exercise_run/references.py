@@ -345,12 +345,9 @@ class CaseReferences:
         start = time.monotonic()
         found = self.store.load(self.exercise, part, case)
         self._spent(LOADING, start)
-        if found is None:
-            inputs, expected = self.store.draw(self.exercise, part, case)
-            if expected is None:
-                return inputs
-        else:
-            inputs, expected = found
+        inputs, expected = found if found is not None else self.store.draw(self.exercise, part, case)
+        if expected is None:  # drawn: no record holds the case yet
+            return inputs
         with self._lock:
             self._loaded[self._key(part, case)] = expected
             self.reused += 1
