@@ -93,6 +93,14 @@ def test_the_batchs_cpu_line_sorts_the_steps_and_gives_them_per_submission():
     assert text.startswith("  the workers' and trusted timers' CPU 14.5 s (7.2 s per submission): examples 10.0 s")
     assert text.index("examples") < text.index("worker start") < text.index(supervise.CUT_SHORT)
     assert cpu_text({"a": 1.0, "b": 2.0}) == "3.0 s: b 2.0 s, a 1.0 s"
+    assert "\n" not in text  # no wall time given: no second line
+
+
+def test_the_batchs_cpu_line_gives_the_wall_time_per_second_of_it():
+    text = profiling.processes_cpu_text({"worker start": 4.0, "examples": 16.0}, 2, wall=5.0)
+    first, second = text.split("\n")
+    assert first.startswith("  the workers' and trusted timers' CPU 20.0 s")
+    assert second == "  the batch's wall time per second of that CPU: 0.250 s"
 
 
 def test_the_cpu_of_a_request_that_ends_its_worker_is_counted(tmp_path):

@@ -47,7 +47,7 @@ def report(progress: Progress, slots: list[Slot], *, submissions: int,
                          f"{max(0.0, host_s - own):.1f} s (its workers and trusted timers: sandboxes, imports, "
                          "compiling, the student's code, replays; and whatever else the host ran)")
     if cpu_by_step:
-        lines.append(processes_cpu_text(cpu_by_step, submissions))
+        lines.append(processes_cpu_text(cpu_by_step, submissions, wall=wall))
     if load is not None and own_before is not None:
         lines.append(load.text(own_cpu() - own_before))
     for slot in slots:
@@ -98,7 +98,7 @@ def split_report(out: Path, tasks: list[Task], left: list[Task], *, processes: i
                 for step, seconds in result.cpu.items():
                     steps[step] = steps.get(step, 0.0) + seconds
     if steps:
-        lines.append(processes_cpu_text(steps, submissions))
+        lines.append(processes_cpu_text(steps, submissions, wall=wall))
     return "\n".join(lines)
 
 
@@ -116,10 +116,17 @@ def _host_since(cpu_before: tuple[float, float] | None) -> tuple[float, float] |
     return busy / (cpu_after[1] - cpu_before[1]), busy / os.sysconf("SC_CLK_TCK")
 
 
-def processes_cpu_text(cpu_by_step: dict[str, float], submissions: int) -> str:
+def processes_cpu_text(cpu_by_step: dict[str, float], submissions: int, *, wall: float = 0.0) -> str:
     """The workers' and timers' CPU by step, largest first (a worker's read from /proc as each step ends, a trusted
-    timer's as it says when it ends)."""
-    return f"  the workers' and trusted timers' CPU {cpu_text(cpu_by_step, submissions)}"
+    timer's as it says when it ends). With the batch's ``wall`` time, a second line: the wall time per second of
+    that CPU. The host's speed moves the CPU the same work needs by up to a fifth from one batch to the next, and
+    the wall time with it, while this figure stays put (docs/performance.md): a change to how runs share the host
+    is judged by it, not by a pair of wall times."""
+    text = f"  the workers' and trusted timers' CPU {cpu_text(cpu_by_step, submissions)}"
+    total = sum(cpu_by_step.values())
+    if wall > 0 and total > 0:
+        text += f"\n  the batch's wall time per second of that CPU: {wall / total:.3f} s"
+    return text
 
 
 ROLES = {"worker": "workers", "timer": "trusted timers", "grader": "the grader's references"}
