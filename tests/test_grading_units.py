@@ -460,6 +460,30 @@ def test_speed_is_not_planned_on_cpu():
                                                       speed_budget_s=1.0))
 
 
+def test_parts_that_share_a_strategy_share_their_random_shapes_with_values_of_their_own():
+    """FlashAttention's three parts draw from one strategy: each is given the same random shapes, dtypes and options
+    (a kernel the parts share is compiled once for them all), each with secret values of its own. RMSNorm's two
+    parts have strategies of their own, and their own draws."""
+    def random_cases(exercise, device):
+        by_part: dict[str, list] = {}
+        for it in plan.plan(exercise, device=device, secret="s", random_cases=12, speed_budget_s=1.0):
+            if it.role == "random":
+                by_part.setdefault(it.part.name, []).append(it.case)
+        return by_part
+
+    for device in ("cpu", "cuda"):
+        fa = random_cases(exercises.get("flash_attention"), device)
+        forward, backward, autograd = fa["forward"], fa["backward"], fa["autograd"]
+        assert len(forward) == len(backward) == len(autograd) == 12
+        assert [c.params for c in forward] == [c.params for c in backward] == [c.params for c in autograd]
+        seeds = [{c.seed for c in cases} for cases in (forward, backward, autograd)]
+        assert seeds[0].isdisjoint(seeds[1]) and seeds[0].isdisjoint(seeds[2]) and seeds[1].isdisjoint(seeds[2])
+        assert len({(c["dtype"], c["d"], c["causal"]) for c in forward}) > 1  # the draw still varies the kernels
+
+        rms = random_cases(exercises.get("rmsnorm"), device)
+        assert [c.params for c in rms["forward"]] != [c.params for c in rms["backward"]]
+
+
 def test_on_a_gpu_each_part_and_with_room_its_speed_measurement_run_in_workers_of_their_own():
     """With ``parallel_parts`` (GPUs) each part is a group of its own, run side by side; with ``speed_apart`` too (a
     GPU with room for more runs than the batch has), a part's speed measurement is one more; without either (CPUs)

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import hashlib
 
-from hypothesis import HealthCheck, Phase, given, settings
-from hypothesis import seed as hypothesis_seed
-
 from grader.checks.spec import Case, Part
 
 
 def draw(part: Part, device: str, n: int, seed: int) -> list[Case]:
     """``n`` distinct random cases for ``part`` (fewer if the strategy runs dry)."""
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import seed as hypothesis_seed
+
     drawn: list[Case] = []
     if n <= 0:
         return drawn

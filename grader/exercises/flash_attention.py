@@ -13,13 +13,16 @@ check ``memory`` (:data:`MEMORY_CHECK`) makes sure it never materializes the Nq√
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
-from hypothesis import strategies as st
 
 from grader.checks import integrity, strategies, tensors
 from grader.checks.spec import BadInput, Benchmark, Case, Exercise, ExtraCheck, Observation, Part, Tolerance, Tolerances
 from grader.checks.verdicts import Verdict
+
+if TYPE_CHECKING:
+    from hypothesis import strategies as st
 
 HEAD_DIMS = (16, 32, 64, 128)
 TF32_MAX_N = 512  # longest fp32 sequence checked on the GPU (see _skip)
@@ -189,8 +192,10 @@ def _case(lead, nq, nk, d, dtype="float32", causal=False, values="normal", scale
                  "values": values, "scale": scale, "layout": layout}, seed)
 
 
-@st.composite
+@strategies.composite
 def _lead(draw, max_heads: int) -> tuple[int, ...]:
+    from hypothesis import strategies as st
+
     ndim = draw(st.integers(0, 3))
     dims: list[int] = []
     for _ in range(ndim):
@@ -201,6 +206,8 @@ def _lead(draw, max_heads: int) -> tuple[int, ...]:
 def cases(device: str) -> st.SearchStrategy[Case]:
     """Sequences up to ~150 in the interpreter (it runs ~10‚Å¥ tile iterations a second), up to 2k on the
     GPU; bf16 only on the GPU (the interpreter's bf16 tl.dot is wrong)."""
+    from hypothesis import strategies as st
+
     cuda = device == "cuda"
     max_n = GPU_MAX_N if cuda else 150
     dims = HEAD_DIMS if cuda else HEAD_DIMS[:3]

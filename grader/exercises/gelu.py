@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import math
 from functools import cache
+from typing import TYPE_CHECKING
 
 import torch
-from hypothesis import strategies as st
 
 from grader.checks import strategies, tensors
 from grader.checks.spec import Benchmark, Case, Exercise, Part, Tolerances
+
+if TYPE_CHECKING:
+    from hypothesis import strategies as st
 
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
@@ -36,6 +39,8 @@ def reference(inputs: dict) -> dict:
 
 
 def cases(device: str) -> st.SearchStrategy[Case]:
+    from hypothesis import strategies as st
+
     max_numel = 1 << 20 if device == "cuda" else 1 << 14
     return strategies.cases(
         shape=strategies.shapes(min_dims=1, max_dims=4, max_numel=max_numel),

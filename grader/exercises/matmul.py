@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import TYPE_CHECKING
 
 import torch
-from hypothesis import strategies as st
 
 from grader.checks import strategies, tensors
 from grader.checks.spec import BadInput, Benchmark, Case, Exercise, Part, Tolerances
 from grader.exercises.gelu import gelu_reference
+
+if TYPE_CHECKING:
+    from hypothesis import strategies as st
 
 ACTIVATIONS = (None, "gelu")
 BF16_DOT_SKIP = "bf16 tl.dot is wrong in the Triton interpreter; runs on the GPU only"
@@ -53,6 +56,8 @@ def skip(case: Case, device: str) -> str | None:
 
 
 def cases(device: str) -> st.SearchStrategy[Case]:
+    from hypothesis import strategies as st
+
     # The interpreter runs tl.dot tile by tile in numpy: keep CPU sizes small.
     max_mn, max_k = (512, 1024) if device == "cuda" else (160, 300)
     dtypes = strategies.DTYPE_NAMES if device == "cuda" else ("float32", "float16")

@@ -9,12 +9,15 @@ The backward part checks dx and dweight from ``y.backward(dy)`` against float64 
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING
 
 import torch
-from hypothesis import strategies as st
 
 from grader.checks import strategies, tensors
 from grader.checks.spec import BadInput, Benchmark, Case, Exercise, Part, Tolerances
+
+if TYPE_CHECKING:
+    from hypothesis import strategies as st
 
 EPS_VALUES = (1e-6, 1e-5, 1e-2)
 # dy is drawn at the scale of x, so dx = rstd·(w·dy − x̂·c) is O(1) for every value kind (see
@@ -68,9 +71,11 @@ def reference_backward(inputs: dict) -> dict:
     return {"y": y.detach(), "dx": x.grad, "dweight": weight.grad}
 
 
-@st.composite
+@strategies.composite
 def _shapes(draw, *, max_rows: int, max_h: int, max_numel: int, min_h: int = 1):
     """(*leading, H): 0 to 2 leading dims whose product (the number of rows) stays under max_rows."""
+    from hypothesis import strategies as st
+
     h = draw(strategies.sizes(max_h, min_h))
     budget = max(1, min(max_rows, max_numel // h))
     lead = []
@@ -82,6 +87,8 @@ def _shapes(draw, *, max_rows: int, max_h: int, max_numel: int, min_h: int = 1):
 
 
 def _cases(device: str, values: tuple[str, ...], min_h: int = 1, max_rows: int = 4096) -> st.SearchStrategy[Case]:
+    from hypothesis import strategies as st
+
     # The interpreter spends a few ms per row (forward + backward): keep CPU row counts small; the
     # examples have the many-rows cases.
     if device == "cuda":

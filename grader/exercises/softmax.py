@@ -6,12 +6,15 @@ row of only ``-inf`` giving NaN.
 from __future__ import annotations
 
 from functools import cache
+from typing import TYPE_CHECKING
 
 import torch
-from hypothesis import strategies as st
 
 from grader.checks import strategies, tensors
 from grader.checks.spec import Benchmark, Case, Exercise, Part, Tolerances
+
+if TYPE_CHECKING:
+    from hypothesis import strategies as st
 
 MASKS = ("none", "some", "prefix", "all_first_row")
 
@@ -39,6 +42,8 @@ def reference(inputs: dict) -> dict:
 
 
 def cases(device: str) -> st.SearchStrategy[Case]:
+    from hypothesis import strategies as st
+
     max_numel = 1 << 21 if device == "cuda" else 1 << 16
     return strategies.cases(
         shape=strategies.shapes(min_dims=1, max_dims=3, max_numel=max_numel, max_last=70_000),

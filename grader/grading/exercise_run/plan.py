@@ -2,7 +2,10 @@
 (:mod:`grader.checks.catalog`), in that order.
 
 * ``examples`` — each fixed example, with secret values (its seed mixes the run's secret with its index);
-* ``random`` — ``random_cases`` cases drawn from the part's strategy with a secret seed;
+* ``random`` — ``random_cases`` cases drawn from the part's strategy with a secret seed; the parts of an exercise
+  that share a strategy (FlashAttention's three) are given the same shapes, dtypes and options, each with values of
+  its own: a kernel the student's parts share is then compiled once for them all (the parts' workers share the
+  student's Triton cache), not once per part;
 * ``integrity`` — the integrity cases, then the first of them again with fresh values (``fresh``: the same
   output bits for different inputs mean a cached or replayed result);
 * ``bad_input`` — each call that must raise;
@@ -52,8 +55,8 @@ def plan_part(exercise: Exercise, part: Part, *, device: str, secret: str, rando
     # Every case (shapes, dtypes, layouts, values) comes from the course's cases_seed where it sets one: every
     # batch of the course puts the same cases to every student, so a score depends on the code alone (a bug
     # that shows on 3 of 14 cases under one draw and 2 under another would not). Else from the batch's secret.
-    def mix(*public) -> int:
-        return cases_mod.mixed_seed(cases_seed or secret, exercise.name, part.name, *public)
+    def mix(*public, part_name: str = part.name) -> int:
+        return cases_mod.mixed_seed(cases_seed or secret, exercise.name, part_name, *public)
 
     items: list[Item] = []
     for kind in catalog.kinds(part):
@@ -66,8 +69,9 @@ def plan_part(exercise: Exercise, part: Part, *, device: str, secret: str, rando
             if random_cases > 0:
                 # Hypothesis generates the minimal example (smallest shape, seed 0) first whatever the seed:
                 # draw one more and drop it, and give every case secret values.
+                shapes_seed = mix("random", part_name=_drawn_as(exercise, part))
                 with _DRAW_LOCK:
-                    drawn = cases_mod.draw(part, device, random_cases + 1, mix("random"))
+                    drawn = cases_mod.draw(part, device, random_cases + 1, shapes_seed)
                 drawn = [c.with_seed(mix("random", i)) for i, c in enumerate(drawn[1:] or drawn)]
                 for i, case in enumerate(drawn[:random_cases]):
                     items.append(Item(_id(part, kind, str(i)), part, kind, "random", case.label, case, full=True))
@@ -93,6 +97,11 @@ def plan_part(exercise: Exercise, part: Part, *, device: str, secret: str, rando
         else:
             items.append(Item(_id(part, kind), part, kind, kind, kind))
     return items
+
+
+def _drawn_as(exercise: Exercise, part: Part) -> str:
+    """The part whose name seeds ``part``'s random draw: the exercise's first part with the same strategy."""
+    return next(p.name for p in exercise.parts if p.cases is part.cases)
 
 
 def plan(exercise: Exercise, *, device: str, secret: str, random_cases: int, speed_budget_s: float,
