@@ -143,7 +143,9 @@ class Part:
     make_inputs: Callable[[Case], Inputs]  # deterministic from case.seed, on the CPU
     call: Callable[[ModuleType, Inputs], Outputs]  # runs the student's API on device inputs
     reference: Callable[[Inputs], Outputs]  # float64, CPU
-    cases: Callable[[str], Any]  # device -> hypothesis strategy of Case
+    # device -> hypothesis strategy of Case (import hypothesis inside: workers and timers never draw). Parts
+    # given the same function share the random draw's shapes, each with values of its own.
+    cases: Callable[[str], Any]
     examples: tuple[Case, ...]  # fixed edge cases, always run, in this order
     tolerances: Tolerances | Mapping[str, Tolerances]
     points: float = 10.0  # correctness: shared among the examples, random cases and bad inputs
