@@ -55,8 +55,8 @@ def plan_part(exercise: Exercise, part: Part, *, device: str, secret: str, rando
     # Every case (shapes, dtypes, layouts, values) comes from the course's cases_seed where it sets one: every
     # batch of the course puts the same cases to every student, so a score depends on the code alone (a bug
     # that shows on 3 of 14 cases under one draw and 2 under another would not). Else from the batch's secret.
-    def mix(*public, part_name: str = part.name) -> int:
-        return cases_mod.mixed_seed(cases_seed or secret, exercise.name, part_name, *public)
+    def mix(*public) -> int:
+        return cases_mod.mixed_seed(cases_seed or secret, exercise.name, part.name, *public)
 
     items: list[Item] = []
     for kind in catalog.kinds(part):
@@ -69,7 +69,8 @@ def plan_part(exercise: Exercise, part: Part, *, device: str, secret: str, rando
             if random_cases > 0:
                 # Hypothesis generates the minimal example (smallest shape, seed 0) first whatever the seed:
                 # draw one more and drop it, and give every case secret values.
-                shapes_seed = mix("random", part_name=_drawn_as(exercise, part))
+                shapes_seed = cases_mod.mixed_seed(cases_seed or secret, exercise.name, _drawn_as(exercise, part),
+                                                   "random")
                 with _DRAW_LOCK:
                     drawn = cases_mod.draw(part, device, random_cases + 1, shapes_seed)
                 drawn = [c.with_seed(mix("random", i)) for i, c in enumerate(drawn[1:] or drawn)]
