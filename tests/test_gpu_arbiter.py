@@ -11,6 +11,7 @@ import contextlib
 import os
 import threading
 import time
+import types
 
 import pytest
 
@@ -392,10 +393,15 @@ def _autotuned_add_one(monkeypatch, timings: list | None = None) -> tuple:
     # the student's own benchmarker, which TUNE mode replaces
     monkeypatch.setitem(add_one.__dict__, "do_bench", lambda fn, quantiles=None, **kw: [1.0, 1.0, 1.0])
 
+    _ADD_ONE_KERNEL[:] = [add_one.fn]
+
     def call(x, n: int) -> None:
         add_one[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, n)
 
     return call, counter
+
+
+_ADD_ONE_KERNEL: list = []  # the kernel under _autotuned_add_one's autotuner
 
 
 @pytest.mark.parametrize("timed_calls", [1, 2])
@@ -430,6 +436,87 @@ def test_a_parts_autotuning_choices_take_one_turn_alone_in_all(monkeypatch, one_
             add_one(x, n)
     assert counter.turns == (1 if one_turn else 2)
     assert torch.equal(x[:100], torch.full((100,), 2.0)) and torch.equal(x[100:], torch.ones(100))
+
+
+def test_a_choice_one_of_a_students_workers_timed_is_taken_by_the_others_without_timing(monkeypatch, tmp_path):
+    """Two workers of one student (two autotuners of one kernel, the student's Triton cache shared): the first
+    times the candidates in a turn alone and leaves its choice in the cache; the second makes the same choice without
+    a turn or a timing. Another key, a different list of candidates or a damaged record is timed again."""
+    import torch
+    import triton
+    import triton.testing
+
+    from grader.speed import autotune
+
+    _, counter = _autotuned_add_one(monkeypatch)
+    timed: list[int] = []
+
+    def do_bench(fn, warmup=25, rep=100, quantiles=None, **kw):  # the second candidate (BLOCK 32) is the faster
+        timed.append(len(timed))
+        return [2.0, 2.0, 2.0] if len(timed) % 2 else [1.0, 1.0, 1.0]
+
+    monkeypatch.setattr(triton.testing, "do_bench", do_bench)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "a test GPU")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+
+    def worker(configs=(16, 32)):  # a fresh autotuner: another process's
+        kernel = _ADD_ONE_KERNEL[0]
+        monkeypatch.setattr(kernel, "cache_key", "the kernel's source", raising=False)
+        tuned = triton.autotune(configs=[triton.Config({"BLOCK": b}) for b in configs], key=["n"])(kernel)
+        return tuned
+
+    first, second, third = worker(), worker(), worker((16, 32, 64))
+    x = torch.zeros(100)
+    with autotune.one_turn():
+        first[(1,)](x, 100)
+    assert (counter.turns, len(timed), first.best_config.kwargs) == (1, 2, {"BLOCK": 32})
+    assert len(list((tmp_path / autotune.SHARED_CHOICES).iterdir())) == 1
+    with autotune.one_turn():
+        second[(1,)](x, 100)
+    assert (counter.turns, len(timed), second.best_config.kwargs) == (1, 2, {"BLOCK": 32})  # no turn, no timing
+    with autotune.one_turn():
+        second[(1,)](x, 64)  # another key
+        third[(1,)](x, 100)  # other candidates
+    assert (counter.turns, len(timed)) == (2, 7)
+    for record in (tmp_path / autotune.SHARED_CHOICES).iterdir():
+        record.write_text('{"index": 7}')
+    with autotune.one_turn():
+        worker()[(1,)](x, 100)
+    assert (counter.turns, len(timed)) == (3, 9)
+
+
+def test_a_choice_whose_candidates_have_no_stable_name_is_not_shared():
+    """A pre-hook that closes over anything but plain values (here a tensor) names its candidates differently in
+    each process, or not at all: such a choice is timed by every worker, and nothing is left in the cache."""
+    import torch
+    import triton
+
+    from grader.speed import autotune
+
+    tiles = {"q": "M"}
+    weights = torch.ones(3)
+
+    def by_tiles(nargs):
+        return tiles
+
+    def by_tensor(nargs):
+        return weights
+
+    assert autotune._hook_name(by_tiles).endswith("by_tiles({'q': 'M'},)")
+    assert autotune._hook_name(by_tensor) is None
+    assert autotune._hook_name(None) == ""
+    configs = [triton.Config({"BLOCK": b}, pre_hook=by_tensor) for b in (16, 32)]
+
+    class Tuner:
+        fn = types.SimpleNamespace(cache_key="source")
+        nargs, arg_names, keys = {"n": 100}, ["x_ptr", "n"], ["n"]
+
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setenv("TRITON_CACHE_DIR", "/nonexistent")
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "a test GPU")
+        assert autotune._shared_choice(Tuner(), configs, {}) is None
+        plain = [triton.Config({"BLOCK": b}, pre_hook=by_tiles) for b in (16, 32)]
+        assert autotune._shared_choice(Tuner(), plain, {}).parent.name == autotune.SHARED_CHOICES
 
 
 def test_autotuning_times_each_candidate_briefly_whatever_the_students_benchmarker():

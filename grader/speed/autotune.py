@@ -17,7 +17,10 @@ leave it alone):
   a part's choices, one per benchmark and kernel, cost the other processes on the GPU one pause, not one each).
   Each candidate is timed briefly (:data:`TUNE_WARMUP_MS`, :data:`TUNE_REP_MS`), whatever benchmarker the student
   gave the autotuner: every millisecond of it is a millisecond every other process on the GPU waits.
-  :func:`forget_untimed` first drops every choice made in the other modes.
+  :func:`forget_untimed` first drops every choice made in the other modes. A choice timed by one of a student's
+  workers is left in the student's Triton cache (:func:`_shared_choice`), and another of the student's workers that
+  makes the same choice (the same kernel, key and candidates: FlashAttention's autograd part calls the forward
+  kernel that the forward part tuned) takes it from there instead of timing the candidates again.
 
 Choices made in ``FIRST``/``COMPILE`` are never written to Triton's on-disk autotune cache.
 """
@@ -26,9 +29,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import hashlib
+import json
+import os
 import types
 import weakref
 from collections.abc import Iterator
+from pathlib import Path
 
 from grader.checks import gpu_gate
 
@@ -42,6 +49,8 @@ TUNE_WARMUP_MS, TUNE_REP_MS = 5, 25
 COMPILE_THREADS = 8
 _FAILED = [float("inf")] * 3  # what Triton's own _bench returns for a config it cannot build
 _CHOSEN = [0.0] * 3
+# In the student's Triton cache (shared by the student's workers, never by two students): the choices timed.
+SHARED_CHOICES = "grader-autotune"
 
 # Process-wide, not per thread: PyTorch runs a CUDA backward pass on a thread of its autograd engine, and the
 # student's autotuned backward kernels must choose in the mode of the request that called backward() (the worker
@@ -100,7 +109,7 @@ def install(default: str = FIRST) -> bool:
     def patched_run(self, *args, **kwargs):
         current = _mode()
         if current == TUNE:  # timing candidates takes the GPU alone (patched_bench), until the choice is made
-            with contextlib.ExitStack() as alone:
+            with contextlib.ExitStack() as alone, _choices_shared(self):
                 _state.alone = alone
                 try:
                     return run(self, *args, **kwargs)
@@ -121,6 +130,8 @@ def install(default: str = FIRST) -> bool:
 
     def patched_bench(self, *args, config, **meta):
         current = _mode()
+        if current == TUNE and getattr(self, "_grader_shared", None) is not None:
+            return _CHOSEN  # the one candidate left is another worker's timed choice: nothing to time
         if current == TUNE:
             turn = getattr(_state, "turn", None)
             if turn is not None:
@@ -174,6 +185,120 @@ def _candidates_seen(tuner) -> Iterator[None]:
             tuner.__dict__["prune_configs"] = prune
         else:
             tuner.__dict__.pop("prune_configs", None)
+
+
+@contextlib.contextmanager
+def _choices_shared(tuner) -> Iterator[None]:
+    """In the block (``TUNE`` mode), a choice of ``tuner`` another of the student's workers timed is taken from the
+    student's Triton cache (the student's pruning then leaves that one candidate), and a choice timed here is left
+    there for the others."""
+    had = "prune_configs" in tuner.__dict__
+    prune = tuner.prune_configs
+    tuner._grader_shared = tuner._grader_to_share = None
+
+    def prune_and_share(*args, **kwargs):
+        configs = prune(*args, **kwargs)
+        if len(configs) > 1:
+            path = _shared_choice(tuner, configs, args[0] if args else kwargs.get("kwargs", {}))
+            chosen = _read_choice(path, configs) if path is not None else None
+            if chosen is not None:
+                tuner._grader_shared = chosen
+                return [chosen]
+            tuner._grader_to_share = (path, configs) if path is not None else None
+        return configs
+
+    tuner.__dict__["prune_configs"] = prune_and_share
+    try:
+        yield
+        shared = tuner._grader_to_share
+        best = getattr(tuner, "best_config", None)
+        if shared is not None and best is not None and tuner._grader_shared is None:
+            path, configs = shared
+            if any(best is c for c in configs):
+                _write_choice(path, configs, best)
+    finally:
+        tuner._grader_shared = tuner._grader_to_share = None
+        if had:
+            tuner.__dict__["prune_configs"] = prune
+        else:
+            tuner.__dict__.pop("prune_configs", None)
+
+
+def _shared_choice(tuner, configs: list, meta: dict) -> Path | None:
+    """Where a choice of ``tuner`` among ``configs`` for this call's key is shared with the student's other workers:
+    a file named by the kernel's source, the GPU, Triton, the key as Triton computes it and the candidates (hooks
+    included); None where one of them has no stable name (nothing is shared)."""
+    folder = os.environ.get("TRITON_CACHE_DIR")
+    if not folder:
+        return None
+    try:
+        import torch
+        import triton
+
+        kernel = tuner.fn
+        while not hasattr(kernel, "cache_key") and hasattr(kernel, "fn"):
+            kernel = kernel.fn
+        named = {**(tuner.nargs or {}), **meta}
+        named = {k: v for k, v in named.items() if k in tuner.arg_names}
+        key = [named[k] for k in tuner.keys if k in named]
+        key += [str(v.dtype) for v in named.values() if hasattr(v, "dtype")]
+        if not _plain(key):
+            return None
+        hooks = [_hook_name(c.pre_hook) for c in configs]
+        names = [str(kernel.cache_key), torch.cuda.get_device_name(), triton.__version__, repr(list(tuner.keys)),
+                 repr(key), *(f"{c}|{hook}" for c, hook in zip(configs, hooks))]
+    except Exception:  # a Triton whose autotuner this module does not know: every worker times its own choices
+        return None
+    if None in hooks:
+        return None
+    digest = hashlib.sha256("\n".join(names).encode()).hexdigest()
+    return Path(folder) / SHARED_CHOICES / f"{digest}.json"
+
+
+def _hook_name(hook) -> str | None:
+    """A config's pre-hook by its name and what it closes over (a FlashAttention's descriptor tiles), or None where
+    it closes over anything but plain values (a tensor, a function: nothing is shared)."""
+    if hook is None:
+        return ""
+    try:
+        cells = tuple(cell.cell_contents for cell in (getattr(hook, "__closure__", None) or ()))
+    except ValueError:  # a cell not filled yet
+        return None
+    if not _plain(cells):
+        return None
+    return f"{getattr(hook, '__module__', '')}.{getattr(hook, '__qualname__', '')}{cells!r}"
+
+
+def _plain(value, depth: int = 0) -> bool:
+    """Numbers, strings and small containers of them: what names a hook's closure the same way in every process."""
+    if isinstance(value, (bool, int, float, str, type(None))):
+        return True
+    if depth > 3 or not isinstance(value, (tuple, list, dict)) or len(value) > 64:
+        return False
+    items = [*value.keys(), *value.values()] if isinstance(value, dict) else list(value)
+    return all(_plain(item, depth + 1) for item in items)
+
+
+def _read_choice(path: Path, configs: list):
+    try:
+        data = json.loads(path.read_text())
+        index = int(data["index"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if 0 <= index < len(configs) and str(configs[index]) == data.get("config"):
+        return configs[index]
+    return None
+
+
+def _write_choice(path: Path, configs: list, best) -> None:
+    index = next(i for i, c in enumerate(configs) if c is best)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"index": index, "config": str(best)}))
+        tmp.replace(path)
+    except OSError:  # a full or read-only cache: the other workers time the choice themselves
+        pass
 
 
 def _compile_ahead(tuner, args: tuple, meta: dict, candidates: list) -> None:

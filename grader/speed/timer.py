@@ -33,6 +33,12 @@ PROGRESS = "progress.txt"  # beside the result: "<job> <label>" before each step
 GO = "go"  # beside the job file: the timed rounds may start (every process of the student's has ended)
 PREPARED = "prepared"  # beside the job file, from the timer: every job is prepared, and it waits for GO
 CPU = "cpu.txt"  # beside the result, as the timer ends: the CPU seconds it and the children it waited for used
+# The timing engine's warm-up per candidate in the turn alone, beyond each input set's first call and the three calls
+# that estimate its time (calibration's is 25 ms). The turn follows other processes' GPU work, so the GPU's clocks
+# are up already, and every millisecond of it is one every other process on the GPU waits: with 25 ms the timers held
+# the GPU alone 52-54 s per batch of 10, with 5 ms 37 s, every reference still with full speed credit
+# (docs/performance.md, "Grading time").
+WARMUP_MS = 5.0
 
 
 @dataclass
@@ -124,7 +130,7 @@ def time_prepared(prepared: PreparedJob, folder: Path, *, index: int = 0) -> Tim
             for entry in ready:
                 _started(folder, index, entry.bench.label)
                 trusted.measure_prepared(entry, budget_s=prepared.per_benchmark_s, baselines=prepared.job.baselines,
-                                         rule=StopRule.grading(prepared.per_benchmark_s))
+                                         rule=StopRule.grading(prepared.per_benchmark_s), warmup_ms=WARMUP_MS)
                 if entry.row.error:  # its row ends the part's rows (below)
                     break
     for entry in prepared.entries:

@@ -163,16 +163,17 @@ def _prepare(prepared: Prepared, plan: plan_mod.LaunchPlan, folder: Path) -> Non
 
 def measure_prepared(prepared: Prepared, *, budget_s: float, baselines: list[str] | None = None,
                      samples: list[float] | None = None,
-                     extra: Mapping[str, Callable[[Any], Any]] | None = None, rule: StopRule | None = None) -> None:
+                     extra: Mapping[str, Callable[[Any], Any]] | None = None, rule: StopRule | None = None,
+                     warmup_ms: float = 25.0) -> None:
     """The timed rounds of a prepared benchmark against ``baselines`` (default: the grading baselines) and
-    ``extra`` candidates, until ``rule`` says stop (default: calibration's, within ``budget_s``): the caller holds
-    the GPU alone."""
+    ``extra`` candidates, until ``rule`` says stop (default: calibration's, within ``budget_s``), after the timing
+    engine's warm-up (``warmup_ms``): the caller holds the GPU alone."""
     if prepared.replay is None:
         return
     try:
         prepared.row = measure.measure_benchmark(prepared.part, prepared.replay, prepared.bench, device="cuda",
                                                  budget_s=budget_s, baselines=baselines, samples=samples,
-                                                 extra=extra, rule=rule)
+                                                 extra=extra, rule=rule, warmup_ms=warmup_ms)
     except Exception as exc:
         prepared.row = measure.BenchmarkTiming(prepared.bench.label,
                                                error=f"the replayed kernels failed: {type(exc).__name__}: {exc}")
