@@ -168,7 +168,6 @@ def install(default: str = FIRST) -> bool:
 def _candidates_seen(tuner) -> Iterator[None]:
     """In the block, the candidates ``tuner`` keeps after the student's pruning are left in
     ``tuner._grader_candidates`` for :func:`_compile_ahead` (the autotuner prunes once per choice)."""
-    had = "prune_configs" in tuner.__dict__
     prune = tuner.prune_configs
 
     def prune_and_keep(*args, **kwargs):
@@ -176,15 +175,11 @@ def _candidates_seen(tuner) -> Iterator[None]:
         tuner._grader_candidates = list(configs) if len(configs) > 1 else None
         return configs
 
-    tuner.__dict__["prune_configs"] = prune_and_keep
     try:
-        yield
+        with _shadowed(tuner, "prune_configs", prune_and_keep):
+            yield
     finally:
         tuner._grader_candidates = None
-        if had:
-            tuner.__dict__["prune_configs"] = prune
-        else:
-            tuner.__dict__.pop("prune_configs", None)
 
 
 @contextlib.contextmanager
@@ -192,7 +187,6 @@ def _choices_shared(tuner) -> Iterator[None]:
     """In the block (``TUNE`` mode), a choice of ``tuner`` another of the student's workers timed is taken from the
     student's Triton cache (the student's pruning then leaves that one candidate), and a choice timed here is left
     there for the others."""
-    had = "prune_configs" in tuner.__dict__
     prune = tuner.prune_configs
     tuner._grader_shared = tuner._grader_to_share = None
 
@@ -207,9 +201,9 @@ def _choices_shared(tuner) -> Iterator[None]:
             tuner._grader_to_share = (path, configs) if path is not None else None
         return configs
 
-    tuner.__dict__["prune_configs"] = prune_and_share
     try:
-        yield
+        with _shadowed(tuner, "prune_configs", prune_and_share):
+            yield
         shared = tuner._grader_to_share
         best = getattr(tuner, "best_config", None)
         if shared is not None and best is not None and tuner._grader_shared is None:
@@ -218,10 +212,6 @@ def _choices_shared(tuner) -> Iterator[None]:
                 _write_choice(path, configs, best)
     finally:
         tuner._grader_shared = tuner._grader_to_share = None
-        if had:
-            tuner.__dict__["prune_configs"] = prune
-        else:
-            tuner.__dict__.pop("prune_configs", None)
 
 
 def _shared_choice(tuner, configs: list, meta: dict) -> Path | None:
@@ -339,20 +329,25 @@ def _compile_ahead(tuner, args: tuple, meta: dict, candidates: list) -> None:
                 compiling.__exit__(None, None, None)
 
 
+def _benchmarker(tuner, bench) -> contextlib.AbstractContextManager:
+    """Triton's autotuner ``tuner`` times its candidates with ``bench`` in the block."""
+    return _shadowed(tuner, "do_bench", bench)  # do_bench is a cached property: the instance's entry shadows it
+
+
 @contextlib.contextmanager
-def _benchmarker(tuner, bench) -> Iterator[None]:
-    """Triton's autotuner ``tuner`` times its candidates with ``bench`` in the block (its ``do_bench`` is a
-    cached property: an entry in the instance's dict shadows it)."""
-    had = "do_bench" in tuner.__dict__
-    saved = tuner.__dict__.get("do_bench")
-    tuner.__dict__["do_bench"] = bench
+def _shadowed(tuner, name: str, value) -> Iterator[None]:
+    """In the block, ``tuner.<name>`` is ``value``: an entry in the instance's dict, which shadows the class's
+    method or cached property; whatever the instance had there before comes back after."""
+    had = name in tuner.__dict__
+    saved = tuner.__dict__.get(name)
+    tuner.__dict__[name] = value
     try:
         yield
     finally:
         if had:
-            tuner.__dict__["do_bench"] = saved
+            tuner.__dict__[name] = saved
         else:
-            tuner.__dict__.pop("do_bench", None)
+            tuner.__dict__.pop(name, None)
 
 
 def _run_once(kernel_call, quantiles=None, **_ignored):
