@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -133,3 +134,42 @@ def test_correctness_calls_compile_only_the_first_candidate_that_runs(monkeypatc
         tuner.run(_Descriptor(), 100, grid=(1,), warmup=False)
     assert kernel.compiled == {(16, 32): "at launch"}
     assert kernel.launched == [(16, 32), (16, 32)]  # the candidate found, then the call with the choice
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_speed_warm_up_finds_every_candidate_of_every_benchmark_compiled(tmp_path, monkeypatch):
+    """As a speed worker does it before its warm-up (where the GPUs have room): the reference FlashAttention's
+    autograd benchmarks, compiled ahead through a copy of the module with the autotuner in ``COMPILE`` mode: every
+    candidate of every choice (forward, dK/dV and dQ kernels, four candidates each) compiles at once. The warm-up's
+    calls on the module itself then compile nothing more (no new cubin in the Triton cache)."""
+    import torch
+
+    from grader import exercises
+    from grader.checks import compile_ahead, loader, specialization, tensors
+    from grader.speed import autotune, measure
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU: Triton compiles only there (the interpreter has nothing to compile)")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-cache"))
+    assert specialization.install() and autotune.install(default=autotune.FIRST)
+    fa = exercises.get("flash_attention")
+    part = fa.part("autograd")
+    solutions = Path(__file__).resolve().parents[1] / "solutions"
+    module = loader.load(solutions, fa, part.functions)
+    ahead = loader.load(solutions, fa, part.functions, copy="_compile_ahead")
+    with tensors.generated_on("meta"):
+        signatures = [part.make_inputs(bench.case) for bench in part.benchmarks]
+    with autotune.mode(autotune.COMPILE):
+        kernels, error = compile_ahead.compile_calls(part, ahead, signatures, "cuda", generic=False)
+        autotune.forget_untimed()
+
+        def cubins() -> int:
+            return len(list((tmp_path / "triton-cache").rglob("*.cubin")))
+
+        before = cubins()
+        # Three head-dim and causal classes (the two 64-dim causal benchmarks share their kernels), three kernels
+        # with four candidates each.
+        assert error is None and kernels >= 3 * 3 * 4, kernels
+        assert before == kernels
+        assert measure.warm_part(part, module) is None
+    assert cubins() == before

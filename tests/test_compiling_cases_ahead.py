@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from grader import exercises
+from grader.checks import tensors
 from grader.grading import config
 from grader.grading.exercise_run import plan, supervise
 from grader.grading.isolation import protocol, wire
@@ -59,12 +60,40 @@ def test_the_request_carries_shapes_dtypes_and_strides_and_no_values():
     (inputs,) = back.signatures
     assert inputs["x"].is_meta and inputs["x"].shape == (4, 8) and inputs["x"].stride() == (1, 4)
     assert inputs["x"].dtype == torch.float16 and inputs["scale"] == 0.5
+    assert back.benchmarks is False
+    speed = wire.decode(wire.encode(protocol.CompileAhead("a", "forward", [{"x": x}], benchmarks=True)))
+    assert speed.benchmarks is True and speed.signatures[0]["x"].is_meta
     reply = wire.decode(wire.encode(protocol.CompiledAhead("compile-ahead-forward", 3, None)))
     assert reply == protocol.CompiledAhead("compile-ahead-forward", 3, None)
     with pytest.raises(protocol.ProtocolError, match="signatures"):
-        wire.decode({"type": "compile_ahead", "id": "a", "part": "forward", "signatures": "x"})
+        wire.decode({"type": "compile_ahead", "id": "a", "part": "forward", "signatures": "x", "benchmarks": False})
+    with pytest.raises(protocol.ProtocolError, match="benchmarks"):
+        wire.decode({"type": "compile_ahead", "id": "a", "part": "forward", "signatures": [], "benchmarks": 1})
     with pytest.raises(protocol.ProtocolError, match="kernels"):
         wire.decode({"type": "compiled_ahead", "id": "a", "kernels": "3", "error": None})
+
+
+def test_a_worker_compiles_ahead_each_parts_distinct_case_signatures_then_its_benchmarks():
+    """On a GPU, what a FlashAttention worker is asked to compile ahead: per part, one call per distinct shape,
+    dtype and layout of its cases; then, for the parts whose speed is graded, their benchmarks, to compile as the
+    speed measurement does. All on the meta device (no values). Nothing for a part whose module did not load."""
+    fa = exercises.get("flash_attention")
+    items = plan.plan(fa, device="cuda", secret="s", random_cases=4, speed_budget_s=0.1)
+    requests = supervise.ahead_requests(items, {})
+    assert [(r.part, r.benchmarks) for r in requests] == [
+        ("forward", False), ("backward", False), ("autograd", False), ("forward", True), ("autograd", True)]
+    for request in requests:
+        part = fa.part(request.part)
+        assert all(v.is_meta for sig in request.signatures for v in sig.values() if isinstance(v, torch.Tensor))
+        if request.benchmarks:
+            with tensors.generated_on("meta"):
+                wanted = [tuple(part.make_inputs(b.case)["q"].shape) for b in part.benchmarks]
+            assert [tuple(sig["q"].shape) for sig in request.signatures] == wanted
+        else:
+            shapes = {supervise._signature(sig) for sig in request.signatures}
+            assert len(shapes) == len(request.signatures) > 1
+    without = supervise.ahead_requests(items, {"autograd": "SyntaxError"})
+    assert [(r.part, r.benchmarks) for r in without] == [("forward", False), ("backward", False), ("forward", True)]
 
 
 def _submission(tmp_path: Path, extra: str) -> Path:

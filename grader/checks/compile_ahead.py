@@ -1,4 +1,5 @@
-"""A part's correctness calls compile their kernels at once, on threads, before the calls run (the worker only).
+"""A part's calls compile their kernels at once, on threads, before the calls run (the worker only, where the GPUs
+have room for more runs than the batch has: one submission, a server): its correctness cases' and its benchmarks'.
 
 A student's kernels compile once per dtype and constexpr values the cases meet (:mod:`.specialization`), and a
 call that meets a new combination compiles it there, one kernel after another: for FlashAttention most of a
@@ -15,11 +16,17 @@ Nothing here is a check: an exception of the student's code is left for the case
 calls only reach with real values compiles when its case runs, as before. The worker then forgets the choices a
 student's ``@triton.autotune`` made meanwhile (``autotune.forget_untimed``): a candidate that was compiled and not
 run cannot have failed, so the correctness calls choose again, by running them.
+
+A worker that measures a part's speed does the same for the part's benchmarks before its speed warm-up, with
+Triton's own specialization (as the speed measurement compiles) and the autotuner in ``COMPILE`` mode
+(:mod:`grader.speed.autotune`): every candidate of every autotuning choice of every benchmark compiles at once,
+rather than one choice's candidates at a time as the warm-up meets them, and the warm-up finds them compiled.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 from types import ModuleType
 from typing import Any
 
@@ -31,10 +38,13 @@ from grader.checks.spec import Inputs, Part
 THREADS = 8  # compilations at once in one worker (its process's share of the host's cores is what bounds them)
 
 
-def compile_calls(part: Part, module: ModuleType, signatures: list[Inputs], device: str) -> tuple[int, str | None]:
+def compile_calls(part: Part, module: ModuleType, signatures: list[Inputs], device: str, *,
+                  generic: bool = True) -> tuple[int, str | None]:
     """Compile the kernels ``part``'s calls reach on inputs like ``signatures``; returns the compilations started
-    and the first exception a call raised (None if none did). In Triton's interpreter, where the grader sends no
-    such request, the calls would run their kernels on the zero-filled inputs: nothing compiles there."""
+    and the first exception a call raised (None if none did). ``generic``: without Triton's integer and alignment
+    specialization, as the correctness calls compile (:func:`specialization.generic`); else as Triton does, as the
+    speed measurement compiles. In Triton's interpreter, where the grader sends no such request, the calls would
+    run their kernels on the zero-filled inputs: nothing compiles there."""
     if not signatures:
         return 0, None
     try:
@@ -50,7 +60,7 @@ def compile_calls(part: Part, module: ModuleType, signatures: list[Inputs], devi
         except RuntimeError:  # the student's own asynchronous compilation is under way
             return 0, "another asynchronous compilation is under way"
         try:
-            with (specialization.generic(), specialization.compiling_only(),
+            with (specialization.generic() if generic else contextlib.nullcontext(), specialization.compiling_only(),
                   torch.autograd.set_multithreading_enabled(False)):
                 for signature in signatures:
                     try:

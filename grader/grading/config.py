@@ -270,8 +270,9 @@ class RunSettings:
     # with parallel_parts, each part's speed measurement in a worker of its own too: shortens a run alone, but costs
     # a worker start, so only where the GPUs have room for more runs than the batch has (one submission, a server)
     speed_apart: bool = False
-    # before its cases, each worker compiles their kernels at once, on threads (grader.checks.compile_ahead): shortens a
-    # run alone; in a full batch the cores are busy anyway and it gains nothing, so only where speed_apart is chosen
+    # before its cases, each worker compiles their kernels at once, on threads (grader.checks.compile_ahead), and
+    # before its speed warm-up every benchmark's kernels and autotuning candidates: shortens a run alone; in a full
+    # batch the cores are busy anyway and it gains nothing, so only where speed_apart is chosen
     compile_ahead: bool = False
     nice: int = 0  # the CPU niceness of the run's workers (:func:`grader.grading.batch.scheduler.niceness`)
 

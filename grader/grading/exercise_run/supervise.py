@@ -20,10 +20,10 @@ On a GPU every worker is connected to the GPU's arbiter (:mod:`grader.grading.is
 the GPU, and one that autotunes asks for it alone, as the trusted timer does for its timed rounds; a worker paused
 meanwhile goes on compiling, and the time it waits for the GPU is added to its limits. A speed item compiles its
 benchmarks' kernels first (``WarmUp``), then autotunes and records them (``RunSpeed``). With
-``settings.compile_ahead`` (a GPU whose host has cores to spare), a worker is first sent its cases' inputs without
-values (``CompileAhead``: shapes, dtypes and strides) and compiles their kernels at once
+``settings.compile_ahead`` (a GPU whose host has cores to spare), a worker is first sent its cases' and benchmarks'
+inputs without values (``CompileAhead``: shapes, dtypes and strides) and compiles their kernels at once
 (:mod:`grader.checks.compile_ahead`); a worker that ends meanwhile costs the student nothing: a fresh one runs the
-cases without it, and the exercise's time limit moves on by the time lost. A worker that
+checks without it, and the exercise's time limit moves on by the time lost. A worker that
 ends, or does not start within a call's limit, before it says hello ran no student code: that is the grader's
 fault (:class:`WorkerStartError`), never the student's.
 """
@@ -33,7 +33,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -102,6 +102,7 @@ class _AheadEnded(Exception):
 
 IDLE = "worker idle (waiting for the grader's next request)"
 COMPILING_AHEAD = "compiling ahead (the cases' kernels, at once)"
+COMPILING_BENCHMARKS_AHEAD = "compiling ahead (the benchmarks' kernels and autotuning candidates, at once)"
 CUT_SHORT = "a request cut short, or the exit"  # CPU after a worker's last reply (a crash, a time-out)
 # What a request has a worker run, in the profile's words.
 DOING = {protocol.RunCase: "a case", protocol.RunBadInput: "a bad input", protocol.RunExtra: "an extra check",
@@ -130,6 +131,30 @@ def _request(item: Item, references: CaseReferences | None) -> protocol.Request:
     if item.case is None:
         return protocol.RunExtra(item.id, item.part.name, item.role)
     return protocol.RunCase(item.id, item.part.name, inputs(item.case), item.full)
+
+
+def ahead_requests(items: list[Item], load_errors: Mapping[str, str]) -> list[protocol.CompileAhead]:
+    """What a worker compiles ahead before ``items``, as requests: per part, its cases' inputs on the meta device
+    (no values), one per distinct signature; then, per part with a speed item, its benchmarks' (compiled as the
+    speed measurement compiles). Nothing for a part whose module did not load."""
+    cases: dict[str, dict[tuple, Inputs]] = {}
+    benchmarks: dict[str, list[Inputs]] = {}
+    for item in items:
+        if item.part.name in load_errors or item.role == "bad_input" or (item.case is None and item.role != "speed"):
+            continue
+        try:
+            with tensors.generated_on("meta"):
+                if item.role == "speed":
+                    benchmarks.setdefault(item.part.name, [item.part.make_inputs(b.case) for b in item.part.benchmarks])
+                else:
+                    inputs = item.part.make_inputs(item.case)
+                    cases.setdefault(item.part.name, {}).setdefault(_signature(inputs), inputs)
+        except Exception:  # inputs whose building reads values: these calls compile when they run
+            continue
+    return ([protocol.CompileAhead(f"compile-ahead-{part}", part, list(signatures.values()))
+             for part, signatures in cases.items()]
+            + [protocol.CompileAhead(f"compile-ahead-speed-{part}", part, signatures, benchmarks=True)
+               for part, signatures in benchmarks.items() if signatures])
 
 
 def _signature(inputs: Inputs) -> tuple:
@@ -312,13 +337,13 @@ class _Supervision:
         result.load_errors = dict(loaded.errors)
 
     def _compile_ahead(self, worker: workers.Worker) -> None:
-        """Have the worker compile the kernels of its upcoming cases, one request per part; raises
-        :class:`_AheadEnded` where the worker ended meanwhile (it is not run again: the student loses nothing, and
-        the exercise's time limit moves on by the worker's whole life)."""
+        """Have the worker compile the kernels of its upcoming cases and benchmarks (:func:`ahead_requests`);
+        raises :class:`_AheadEnded` where the worker ended meanwhile (it is not run again: the student loses
+        nothing, and the exercise's time limit moves on by the worker's whole life)."""
         if not self.ahead:
             return
-        for part, signatures in self._signatures().items():
-            request, started = protocol.CompileAhead(f"compile-ahead-{part}", part, signatures), time.monotonic()
+        for request in ahead_requests(self.upcoming, self.result.load_errors):
+            part, started = request.part, time.monotonic()
             reply, ended = None, None
             try:
                 reply = self._ask(worker, request, request.id)
@@ -326,26 +351,12 @@ class _Supervision:
                 if exc.malformed:  # as for any other request: the run ends
                     raise
                 ended = exc
-            self._spent(worker, COMPILING_AHEAD, started)
+            self._spent(worker, COMPILING_BENCHMARKS_AHEAD if request.benchmarks else COMPILING_AHEAD, started)
             if ended is not None or self.poisoned or not isinstance(reply, protocol.CompiledAhead | protocol.Raised):
                 self.ahead = False
                 why = f"{part}: {ended.why if ended else self.poisoned[0] if self.poisoned else type(reply).__name__}"
                 self.poisoned.clear()
                 raise _AheadEnded(why, ended)
-
-    def _signatures(self) -> dict[str, list[Inputs]]:
-        """The inputs of the upcoming cases on the meta device (no values), one per distinct signature, per part."""
-        by_part: dict[str, dict[tuple, Inputs]] = {}
-        for item in self.upcoming:
-            if item.case is None or item.role in ("bad_input", "speed") or item.part.name in self.result.load_errors:
-                continue
-            try:
-                with tensors.generated_on("meta"):
-                    inputs = item.part.make_inputs(item.case)
-            except Exception:  # inputs whose building reads values: this case compiles when it runs
-                continue
-            by_part.setdefault(item.part.name, {}).setdefault(_signature(inputs), inputs)
-        return {part: list(signatures.values()) for part, signatures in by_part.items()}
 
     def _run_items(self, worker: workers.Worker) -> None:
         """Run :attr:`upcoming`, one item at a time."""

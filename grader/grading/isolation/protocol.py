@@ -19,10 +19,10 @@ memory access is sticky: every later call would fail) sends ``Poisoned`` before 
 the grader charges the request that broke it and runs the rest in a fresh worker.
 
 Inputs travel as data: the worker never sees a seed or the secret, and learns a case's values only when it is
-asked to run it (``CompileAhead`` carries the cases' inputs on PyTorch's meta device: shapes, dtypes and strides,
-so that their kernels compile at once, on threads, before the calls run them). Everything the worker sends is
-untrusted: :func:`.wire.decode` checks every field's type and raises :class:`ProtocolError` for anything else (the
-run then fails as "the worker sent a malformed result").
+asked to run it (``CompileAhead`` carries the cases' or the benchmarks' inputs on PyTorch's meta device: shapes,
+dtypes and strides, so that their kernels compile at once, on threads, before the calls run them). Everything the
+worker sends is untrusted: :func:`.wire.decode` checks every field's type and raises :class:`ProtocolError` for
+anything else (the run then fails as "the worker sent a malformed result").
 """
 
 from __future__ import annotations
@@ -92,6 +92,9 @@ class CompileAhead:
     id: str
     part: str
     signatures: list[Inputs]  # each call's inputs, tensors on the meta device (no values)
+    # the part's benchmarks: compiled as the speed measurement compiles (Triton's own specialization, every
+    # candidate of every autotuning choice), not as the correctness calls do
+    benchmarks: bool = False
 
 
 @dataclass(frozen=True)

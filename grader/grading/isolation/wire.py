@@ -110,7 +110,8 @@ def encode(message: Request | Reply) -> dict[str, Any]:
             return {"type": "warm_up", "id": message.id, "part": message.part}
         case CompileAhead():
             return {"type": "compile_ahead", "id": message.id, "part": message.part,
-                    "signatures": [_inputs_data(s) for s in message.signatures]}
+                    "signatures": [_inputs_data(s) for s in message.signatures],
+                    "benchmarks": bool(message.benchmarks)}
         case Finish():
             return {"type": "finish"}
         case Hello():
@@ -301,7 +302,8 @@ def decode(data: Any, *, extra_fields: dict[str, dict[str, Any]] | None = None) 
         case "compile_ahead":
             signatures = _get(data, "signatures", list, what)
             return CompileAhead(_get(data, "id", str, what), _get(data, "part", str, what),
-                                [_inputs(x, f"{what}: signature {i}") or {} for i, x in enumerate(signatures)])
+                                [_inputs(x, f"{what}: signature {i}") or {} for i, x in enumerate(signatures)],
+                                _get(data, "benchmarks", bool, what))
         case "finish":
             return Finish()
         case "hello":

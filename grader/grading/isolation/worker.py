@@ -12,6 +12,7 @@ the GPU (``--gate``: another process has it alone, see :mod:`grader.checks.gpu_g
 from __future__ import annotations
 
 import argparse
+import contextlib
 import faulthandler
 import os
 import resource
@@ -88,9 +89,12 @@ def _run(request, exercise, modules: dict, device: str, root: str = ""):
             # the student's Triton cache on disk.
             ahead = loader.load(root, exercise, part.functions, copy="_compile_ahead")
             try:
-                kernels, error = compile_ahead.compile_calls(part, ahead, request.signatures, device)
+                # A part's benchmarks compile as the speed warm-up will: every candidate of every autotuning choice.
+                with autotune.mode(autotune.COMPILE) if request.benchmarks else contextlib.nullcontext():
+                    kernels, error = compile_ahead.compile_calls(part, ahead, request.signatures, device,
+                                                                 generic=not request.benchmarks)
             finally:
-                autotune.forget_untimed()  # chosen without running a candidate: the cases choose again
+                autotune.forget_untimed()  # chosen without running a candidate: the calls choose again
             return p.CompiledAhead(request.id, kernels, error)
         case p.RunCase():
             with specialization.generic():  # correctness: one compilation per dtype, not per shape
