@@ -140,15 +140,18 @@ def ahead_requests(items: list[Item], load_errors: Mapping[str, str]) -> list[pr
     cases: dict[str, dict[tuple, Inputs]] = {}
     benchmarks: dict[str, list[Inputs]] = {}
     for item in items:
-        if item.part.name in load_errors or item.role == "bad_input" or (item.case is None and item.role != "speed"):
+        part = item.part
+        speed = item.role == "speed"
+        if (part.name in load_errors or item.role == "bad_input" or (item.case is None and not speed)
+                or (speed and part.name in benchmarks)):
             continue
         try:
             with tensors.generated_on("meta"):
-                if item.role == "speed":
-                    benchmarks.setdefault(item.part.name, [item.part.make_inputs(b.case) for b in item.part.benchmarks])
+                if speed:
+                    benchmarks[part.name] = [part.make_inputs(bench.case) for bench in part.benchmarks]
                 else:
-                    inputs = item.part.make_inputs(item.case)
-                    cases.setdefault(item.part.name, {}).setdefault(_signature(inputs), inputs)
+                    inputs = part.make_inputs(item.case)
+                    cases.setdefault(part.name, {}).setdefault(_signature(inputs), inputs)
         except Exception:  # inputs whose building reads values: these calls compile when they run
             continue
     return ([protocol.CompileAhead(f"compile-ahead-{part}", part, list(signatures.values()))
