@@ -365,11 +365,10 @@ class _TurnCounter(gpu_gate.NoGate):
 
 def _autotuned_add_one(monkeypatch, timings: list | None = None) -> tuple:
     """A two-config autotuned kernel, Triton's autotuner patched in TUNE mode, and the turn counter; timing needs a
-    GPU, so every config "takes" 1 ms (the interpreter cannot time). ``timings`` gets the (warmup, rep) in ms each
-    candidate was timed with."""
+    GPU, so every config "takes" 1 ms (the interpreter cannot time; the calls are not run). ``timings`` gets the
+    number of candidates of each timing of a choice's candidates."""
     import triton
     import triton.language as tl
-    import triton.testing
 
     from grader.speed import autotune
 
@@ -377,12 +376,12 @@ def _autotuned_add_one(monkeypatch, timings: list | None = None) -> tuple:
     monkeypatch.setattr(gpu_gate, "_current", counter)
     autotune.install(default=autotune.TUNE)
 
-    def do_bench(fn, warmup=25, rep=100, quantiles=None, **kw):
+    def time_interleaved(calls, **kw):
         if timings is not None:
-            timings.append((warmup, rep))
-        return [1.0, 1.0, 1.0]
+            timings.append(len(calls))
+        return [[1.0, 1.0, 1.0] for _ in calls]
 
-    monkeypatch.setattr(triton.testing, "do_bench", do_bench)
+    monkeypatch.setattr(autotune, "time_interleaved", time_interleaved)
 
     @triton.autotune(configs=[triton.Config({"BLOCK": 16}), triton.Config({"BLOCK": 32})], key=["n"])
     @triton.jit
@@ -393,7 +392,7 @@ def _autotuned_add_one(monkeypatch, timings: list | None = None) -> tuple:
     # the student's own benchmarker, which TUNE mode replaces
     monkeypatch.setitem(add_one.__dict__, "do_bench", lambda fn, quantiles=None, **kw: [1.0, 1.0, 1.0])
 
-    _ADD_ONE_KERNEL[:] = [add_one.fn]
+    _ADD_ONE_KERNEL[:], _ADD_ONE_TUNER[:] = [add_one.fn], [add_one]
 
     def call(x, n: int) -> None:
         add_one[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, n)
@@ -402,6 +401,7 @@ def _autotuned_add_one(monkeypatch, timings: list | None = None) -> tuple:
 
 
 _ADD_ONE_KERNEL: list = []  # the kernel under _autotuned_add_one's autotuner
+_ADD_ONE_TUNER: list = []  # that autotuner
 
 
 @pytest.mark.parametrize("timed_calls", [1, 2])
@@ -451,11 +451,11 @@ def test_a_choice_one_of_a_students_workers_timed_is_taken_by_the_others_without
     _, counter = _autotuned_add_one(monkeypatch)
     timed: list[int] = []
 
-    def do_bench(fn, warmup=25, rep=100, quantiles=None, **kw):  # the second candidate (BLOCK 32) is the faster
-        timed.append(len(timed))
-        return [2.0, 2.0, 2.0] if len(timed) % 2 else [1.0, 1.0, 1.0]
+    def time_interleaved(calls, **kw):  # the second candidate (BLOCK 32) is the faster
+        timed.extend(range(len(timed), len(timed) + len(calls)))
+        return [[2.0, 2.0, 2.0] if k % 2 == 0 else [1.0, 1.0, 1.0] for k in range(len(calls))]
 
-    monkeypatch.setattr(triton.testing, "do_bench", do_bench)
+    monkeypatch.setattr(autotune, "time_interleaved", time_interleaved)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "a test GPU")
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
 
@@ -519,9 +519,9 @@ def test_a_choice_whose_candidates_have_no_stable_name_is_not_shared():
         assert autotune._shared_choice(Tuner(), plain, {}).parent.name == autotune.SHARED_CHOICES
 
 
-def test_autotuning_times_each_candidate_briefly_whatever_the_students_benchmarker():
-    """Every candidate is timed with the grader's brief warm-up and repetitions (each millisecond of it, every other
-    process on the GPU waits), not Triton's 25 + 100 ms nor the benchmarker the student gave the autotuner."""
+def test_autotuning_times_a_choices_candidates_together_whatever_the_students_benchmarker():
+    """A choice's candidates are timed once, all together, by the grader's timing (brief and interleaved:
+    tests/test_autotune_timing.py), never by the benchmarker the student gave the autotuner."""
     import torch
 
     from grader.speed import autotune
@@ -529,10 +529,11 @@ def test_autotuning_times_each_candidate_briefly_whatever_the_students_benchmark
     with pytest.MonkeyPatch.context() as monkeypatch:
         timings: list = []
         add_one, _ = _autotuned_add_one(monkeypatch, timings)
+        monkeypatch.setitem(_ADD_ONE_TUNER[0].__dict__, "do_bench", lambda *a, **kw: pytest.fail("student's bench"))
         x = torch.zeros(100)
         with autotune.one_turn():
             add_one(x, 100)
-        assert timings == [(autotune.TUNE_WARMUP_MS, autotune.TUNE_REP_MS)] * 2  # both configs
+        assert timings == [2]  # both configs, in one timing
         assert torch.equal(x, torch.ones(100))  # only the chosen config ran (the fake times without running)
 
 

@@ -16,7 +16,10 @@ leave it alone):
   given back when the autotuner has chosen; inside :func:`one_turn`, given back at the end of that block, so that
   a part's choices, one per benchmark and kernel, cost the other processes on the GPU one pause, not one each).
   Each candidate is timed briefly (:data:`TUNE_WARMUP_MS`, :data:`TUNE_REP_MS`), whatever benchmarker the student
-  gave the autotuner: every millisecond of it is a millisecond every other process on the GPU waits.
+  gave the autotuner: every millisecond of it is a millisecond every other process on the GPU waits. The
+  candidates of a choice are timed side by side, in interleaved rounds (:func:`time_interleaved`), not one after
+  the other as Triton does: the GPU's speed drifts while a choice is timed, and one after the other the first
+  candidates and the last can meet different speeds (in batches, reference copies lost matmul credit to such picks).
   :func:`forget_untimed` first drops every choice made in the other modes. A choice timed by one of a student's
   workers is left in the student's Triton cache (:func:`_shared_choice`), and another of the student's workers that
   makes the same choice (the same kernel, key and candidates: FlashAttention's autograd part calls the forward
@@ -44,6 +47,10 @@ FIRST, COMPILE, TUNE = "first", "compile", "tune"
 # the runs that fit in 25 ms picked configs for the reference solutions that keep their speed credit, in a fifth of
 # the time (docs/performance.md, "Grading time").
 TUNE_WARMUP_MS, TUNE_REP_MS = 5, 25
+# The rounds a choice's candidates are timed in, each candidate's calls spread evenly over them: a drift of the GPU's
+# speed while a choice is timed (on an H200, one matmul config's median moved by up to 11 % from one 150 ms timing to
+# the next) then moves every candidate alike, not the ones timed last (docs/performance.md, "Grading time").
+TUNE_ROUNDS = 10
 # Threads compiling one choice's candidates at once. Triton's compiler leaves Python's lock while it works (its
 # passes, ptxas), so they run side by side; a choice has a handful of candidates (the reference solutions: 4 to 7).
 COMPILE_THREADS = 8
@@ -143,8 +150,7 @@ def install(default: str = FIRST) -> bool:
                 if alone is not None:
                     alone.enter_context(gpu_gate.current().alone())
                     _state.alone = None  # once per choice
-            with _benchmarker(self, _time_briefly):
-                return bench(self, *args, config=config, **meta)
+            return _timed_side_by_side(self, bench, args, config, meta)
         if current == FIRST and getattr(self, "_grader_found", False):
             return _FAILED  # a runnable config was found: the others are neither built nor run
         if current == COMPILE:
@@ -188,15 +194,16 @@ def _choices_shared(tuner) -> Iterator[None]:
     student's Triton cache (the student's pruning then leaves that one candidate), and a choice timed here is left
     there for the others."""
     prune = tuner.prune_configs
-    tuner._grader_shared = tuner._grader_to_share = None
+    tuner._grader_shared = tuner._grader_to_share = tuner._grader_timed = tuner._grader_tuning = None
 
     def prune_and_share(*args, **kwargs):
         configs = prune(*args, **kwargs)
+        tuner._grader_tuning, tuner._grader_timed = list(configs), None  # a new choice: timed at its first candidate
         if len(configs) > 1:
             path = _shared_choice(tuner, configs, args[0] if args else kwargs.get("kwargs", {}))
             chosen = _read_choice(path, configs) if path is not None else None
             if chosen is not None:
-                tuner._grader_shared = chosen
+                tuner._grader_shared, tuner._grader_tuning = chosen, [chosen]
                 return [chosen]
             tuner._grader_to_share = (path, configs) if path is not None else None
         return configs
@@ -211,7 +218,7 @@ def _choices_shared(tuner) -> Iterator[None]:
             if any(best is c for c in configs):
                 _write_choice(path, configs, best)
     finally:
-        tuner._grader_shared = tuner._grader_to_share = None
+        tuner._grader_shared = tuner._grader_to_share = tuner._grader_timed = tuner._grader_tuning = None
 
 
 def _shared_choice(tuner, configs: list, meta: dict) -> Path | None:
@@ -355,10 +362,106 @@ def _run_once(kernel_call, quantiles=None, **_ignored):
     return _CHOSEN
 
 
-def _time_briefly(kernel_call, quantiles=None, **_ignored):
-    import triton.testing
+def _timed_side_by_side(tuner, bench, args: tuple, config, meta: dict) -> list[float]:
+    """The timing of candidate ``config`` of the choice ``tuner`` is making (Triton asks for one candidate at a
+    time): at the choice's first candidate, every candidate is timed at once (:func:`time_interleaved`), each call
+    built by Triton's own ``_bench`` (its pre-hooks and restored arguments included); the others are answered from
+    those timings."""
+    timed = getattr(tuner, "_grader_timed", None) or {}
+    if id(config) not in timed:  # the choice's first candidate (or one its pruning did not list: timed alone)
+        candidates = [c for c in getattr(tuner, "_grader_tuning", None) or () if id(c) not in timed] or [config]
+        if not any(c is config for c in candidates):
+            candidates = [config]
+        calls: list = []
+        with _benchmarker(tuner, lambda kernel_call, **_ignored: calls.append(kernel_call) or _CHOSEN):
+            for candidate in candidates:
+                bench(tuner, *args, config=candidate, **meta)
+        timed.update(zip(map(id, candidates), time_interleaved(calls)))
+        tuner._grader_timed = timed
+    return timed[id(config)]
 
-    return triton.testing.do_bench(kernel_call, warmup=TUNE_WARMUP_MS, rep=TUNE_REP_MS, quantiles=quantiles)
+
+def time_interleaved(calls: list, *, warmup_ms: float = TUNE_WARMUP_MS, rep_ms: float = TUNE_REP_MS,
+                     rounds: int = TUNE_ROUNDS, device=None) -> list[list[float]]:
+    """Time each of ``calls`` (the candidates of one choice) as ``triton.testing.do_bench`` would (a first call, an
+    estimate from 5 calls, ``warmup_ms`` of calls, then the calls that fit in ``rep_ms``, each after the L2 cache
+    is cleared, timed by device events), but side by side: the timed calls in ``rounds`` rounds, each round a slice
+    of every candidate's calls, in an order rotated from round to round. Returns each call's median, 20th and
+    80th percentile in ms, or infinities for a candidate Triton cannot build or launch (as its autotuner skips
+    it). ``device`` (tests): the events, synchronization and cache clearing; default Triton's active driver."""
+    from grader.speed.stats import quantile
+
+    device, rounds = device if device is not None else _TritonDevice(), max(1, rounds)
+    results = [list(_FAILED) for _ in calls]
+    live = []
+    for k, call in enumerate(calls):
+        try:
+            call()
+        except _build_failures():  # as Triton's own _bench: the autotuner skips this candidate
+            continue
+        live.append(k)
+    device.synchronize()
+    runs: dict[int, int] = {}
+    for k in live:  # the estimate of each candidate's time (do_bench's: 5 calls, each after the cache is cleared)
+        start, end = device.event(), device.event()
+        start.record()
+        for _ in range(5):
+            device.clear_cache()
+            calls[k]()
+        end.record()
+        device.synchronize()
+        estimate = max(start.elapsed_time(end) / 5, 1e-6)
+        for _ in range(max(1, int(warmup_ms / estimate))):
+            calls[k]()
+        runs[k] = max(1, int(rep_ms / estimate))
+    samples: dict[int, list[float]] = {k: [] for k in live}
+    for r in range(rounds) if live else ():
+        timed = []
+        for k in live[r % len(live):] + live[:r % len(live)]:
+            share = runs[k] // rounds + (1 if r < runs[k] % rounds else 0)  # the calls spread evenly
+            for _ in range(share):
+                start, end = device.event(), device.event()
+                device.clear_cache()
+                start.record()
+                calls[k]()
+                end.record()
+                timed.append((k, start, end))
+        device.synchronize()
+        for k, start, end in timed:
+            samples[k].append(start.elapsed_time(end))
+    for k in live:
+        results[k] = [quantile(samples[k], q) for q in (0.5, 0.2, 0.8)]
+    return results
+
+
+def _build_failures() -> tuple[type[BaseException], ...]:
+    """What Triton's autotuner catches from a candidate's call: a config it cannot build (too much shared memory, a
+    failed static assertion, ptxas)."""
+    from triton.compiler.errors import CompileTimeAssertionFailure
+    from triton.runtime.errors import OutOfResources, PTXASError
+
+    return OutOfResources, CompileTimeAssertionFailure, PTXASError
+
+
+class _TritonDevice:
+    """The events, synchronization and L2 cache clearing of ``triton.testing.do_bench``, from Triton's active
+    driver."""
+
+    def __init__(self) -> None:
+        from triton import runtime
+
+        self._driver = runtime.driver.active
+        self._interface = self._driver.get_device_interface()
+        self._cache = self._driver.get_empty_cache_for_benchmark()
+
+    def event(self):
+        return self._interface.Event(enable_timing=True)
+
+    def synchronize(self) -> None:
+        self._interface.synchronize()
+
+    def clear_cache(self) -> None:
+        self._driver.clear_cache(self._cache)
 
 
 def forget_untimed() -> int:
