@@ -75,6 +75,23 @@ def test_a_clock_drifting_while_a_choice_is_timed_does_not_pick_the_slower_candi
     assert slower / faster == pytest.approx(1.05, abs=0.01)
 
 
+def test_every_round_times_every_candidate_even_a_slow_one():
+    """A candidate with fewer calls than there are rounds (a slow kernel: 25 ms is a few calls) sets the number of
+    rounds, so that every round still holds a slice of every candidate and the drift is shared alike."""
+    gpu, order = _VirtualGpu(), []
+    gpu.synchronize = lambda: order.append("|")  # a round ends with a synchronization
+    calls = [gpu.call("fast", 0.5), gpu.call("slow", 6.0)]
+    traced = [lambda call=call, name=name: (order.append(name), call()) for call, name in zip(calls, ("fast", "slow"))]
+    autotune.time_interleaved(traced, device=gpu)
+    untimed = 2 + (5 + 5) + (10 + 1)  # the first calls, the estimates, the warm-ups (5 ms: 10 and 1 calls)
+    names = [k for k, x in enumerate(order) if x != "|"]
+    timed = order[names[untimed]:]
+    rounds = [r.split() for r in " ".join(timed).split("|") if r.strip()]
+    assert [r.count("slow") for r in rounds] == [1, 1, 1, 1]  # 25 ms / 6 ms: 4 calls, one per round
+    assert sum(r.count("fast") for r in rounds) == 50 and all(r.count("fast") in (12, 13) for r in rounds)
+    assert [r[0] for r in rounds] == ["fast", "slow", "fast", "slow"]  # the order rotates from round to round
+
+
 def test_a_candidate_triton_cannot_build_is_skipped_and_the_others_timed():
     from triton.runtime.errors import OutOfResources
 

@@ -385,8 +385,9 @@ def time_interleaved(calls: list, *, warmup_ms: float = TUNE_WARMUP_MS, rep_ms: 
                      rounds: int = TUNE_ROUNDS, device=None) -> list[list[float]]:
     """Time each of ``calls`` (the candidates of one choice) as ``triton.testing.do_bench`` would (a first call, an
     estimate from 5 calls, ``warmup_ms`` of calls, then the calls that fit in ``rep_ms``, each after the L2 cache
-    is cleared, timed by device events), but side by side: the timed calls in ``rounds`` rounds, each round a slice
-    of every candidate's calls, in an order rotated from round to round. Returns each call's median, 20th and
+    is cleared, timed by device events), but side by side: the timed calls in ``rounds`` rounds (fewer where a
+    candidate has fewer calls), each round a slice of every candidate's calls, in an order rotated from round to
+    round. Returns each call's median, 20th and
     80th percentile in ms, or infinities for a candidate Triton cannot build or launch (as its autotuner skips
     it). ``device`` (tests): the events, synchronization and cache clearing; default Triton's active driver."""
     from grader.speed.stats import quantile
@@ -414,6 +415,8 @@ def time_interleaved(calls: list, *, warmup_ms: float = TUNE_WARMUP_MS, rep_ms: 
         for _ in range(max(1, int(warmup_ms / estimate))):
             calls[k]()
         runs[k] = max(1, int(rep_ms / estimate))
+    # every candidate in every round: no more rounds than the fewest calls a candidate has (a slow kernel's 25 ms)
+    rounds = min([rounds, *runs.values()])
     samples: dict[int, list[float]] = {k: [] for k in live}
     for r in range(rounds) if live else ():
         timed = []
