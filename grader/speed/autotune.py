@@ -369,9 +369,8 @@ def _timed_side_by_side(tuner, bench, args: tuple, config, meta: dict) -> list[f
     those timings."""
     timed = getattr(tuner, "_grader_timed", None) or {}
     if id(config) not in timed:  # the choice's first candidate (or one its pruning did not list: timed alone)
-        candidates = [c for c in getattr(tuner, "_grader_tuning", None) or () if id(c) not in timed] or [config]
-        if not any(c is config for c in candidates):
-            candidates = [config]
+        listed = getattr(tuner, "_grader_tuning", None) or ()
+        candidates = [c for c in listed if id(c) not in timed] if any(c is config for c in listed) else [config]
         calls: list = []
         with _benchmarker(tuner, lambda kernel_call, **_ignored: calls.append(kernel_call) or _CHOSEN):
             for candidate in candidates:
