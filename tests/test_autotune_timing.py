@@ -115,23 +115,6 @@ def test_a_candidate_that_fails_otherwise_stops_the_choice():
         autotune.time_interleaved([gpu.call("fine", 1.0), broken], device=gpu)
 
 
-@pytest.mark.gpu
-def test_on_a_gpu_interleaved_timing_measures_what_do_bench_measures():
-    """Two matrix products of different sizes: the interleaved medians agree with ``do_bench``'s, each within 10 %
-    (a GPU's clock moves by a few per cent between two timings of the same call)."""
-    import torch
-    import triton.testing
-
-    a, b = (torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    c, d = (torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    calls = [lambda: a @ b, lambda: c @ d]
-    interleaved = [t[0] for t in autotune.time_interleaved(calls, warmup_ms=25, rep_ms=100)]
-    alone = [triton.testing.do_bench(call, warmup=25, rep=100, return_mode="median") for call in calls]
-    assert interleaved[0] > 4 * interleaved[1]  # 8 times the work
-    for mine, theirs in zip(interleaved, alone):
-        assert mine == pytest.approx(theirs, rel=0.10)
-
-
 def test_each_candidate_of_a_choice_gets_its_own_timing_from_one_timing_of_all(monkeypatch):
     """Triton asks for one candidate's timing at a time: the first request times the whole choice at once (the calls
     Triton's ``_bench`` builds, one per candidate, in order), the others are answered from it; a candidate the
@@ -156,3 +139,20 @@ def test_each_candidate_of_a_choice_gets_its_own_timing_from_one_timing_of_all(m
     assert answers == [[1.0] * 3, [2.0] * 3, [3.0] * 3] and timings == [["a", "bb", "ccc"]]
     assert autotune._timed_side_by_side(tuner, bench, (), extra, {}) == [4.0] * 3
     assert timings[-1] == ["dddd"]
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_interleaved_timing_measures_what_do_bench_measures():
+    """Two matrix products of different sizes: the interleaved medians agree with ``do_bench``'s, each within 10 %
+    (a GPU's clock moves by a few per cent between two timings of the same call)."""
+    import torch
+    import triton.testing
+
+    a, b = (torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    c, d = (torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    calls = [lambda: a @ b, lambda: c @ d]
+    interleaved = [t[0] for t in autotune.time_interleaved(calls, warmup_ms=25, rep_ms=100)]
+    alone = [triton.testing.do_bench(call, warmup=25, rep=100, return_mode="median") for call in calls]
+    assert interleaved[0] > 4 * interleaved[1]  # 8 times the work
+    for mine, theirs in zip(interleaved, alone):
+        assert mine == pytest.approx(theirs, rel=0.10)
