@@ -43,10 +43,11 @@ from pathlib import Path
 from grader.checks import gpu_gate
 
 FIRST, COMPILE, TUNE = "first", "compile", "tune"
-# Timing one candidate in TUNE mode, in ms (Triton's own default is 25 + 100). With the GPU alone, the median of
-# the runs that fit in 25 ms picked configs for the reference solutions that keep their speed credit, in a fifth of
-# the time (docs/performance.md, "Grading time").
-TUNE_WARMUP_MS, TUNE_REP_MS = 5, 25
+# Timing one candidate in TUNE mode, in ms (Triton's own default is 25 + 100). With the GPU alone and a choice's
+# candidates interleaved, the runs that fit in 10 ms picked configs for the reference solutions that keep their
+# speed credit; the workers' autotuning held the GPU alone half as long as with 5 + 25 ms, every other process on it
+# waiting meanwhile (docs/performance.md, "Grading time").
+TUNE_WARMUP_MS, TUNE_REP_MS = 2, 10
 # The rounds a choice's candidates are timed in, each candidate's calls spread evenly over them: a drift of the GPU's
 # speed while a choice is timed (on an H200, one matmul config's median moved by up to 11 % from one 150 ms timing to
 # the next) then moves every candidate alike, not the ones timed last (docs/performance.md, "Grading time").
@@ -414,7 +415,7 @@ def time_interleaved(calls: list, *, warmup_ms: float = TUNE_WARMUP_MS, rep_ms: 
         for _ in range(max(1, int(warmup_ms / estimate))):
             calls[k]()
         runs[k] = max(1, int(rep_ms / estimate))
-    # every candidate in every round: no more rounds than the fewest calls a candidate has (a slow kernel's 25 ms)
+    # every candidate in every round: no more rounds than the fewest calls a candidate has (a slow kernel's 10 ms)
     rounds = min([rounds, *runs.values()])
     samples: dict[int, list[float]] = {k: [] for k in live}
     for r in range(rounds) if live else ():
