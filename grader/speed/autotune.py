@@ -387,9 +387,9 @@ def time_interleaved(calls: list, *, warmup_ms: float = TUNE_WARMUP_MS, rep_ms: 
     estimate from 5 calls, ``warmup_ms`` of calls, then the calls that fit in ``rep_ms``, each after the L2 cache
     is cleared, timed by device events), but side by side: the timed calls in ``rounds`` rounds (fewer where a
     candidate has fewer calls), each round a slice of every candidate's calls, in an order rotated from round to
-    round. Returns each call's median, 20th and
-    80th percentile in ms, or infinities for a candidate Triton cannot build or launch (as its autotuner skips
-    it). ``device`` (tests): the events, synchronization and cache clearing; default Triton's active driver."""
+    round. Returns each candidate's median, 20th and 80th percentile in ms, or infinities for a candidate Triton
+    cannot build or launch (as its autotuner skips it). ``device`` (tests): the events, synchronization and cache
+    clearing; default Triton's active driver."""
     from grader.speed.stats import quantile
 
     device, rounds = device if device is not None else _TritonDevice(), max(1, rounds)
