@@ -7,8 +7,21 @@
 #   TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu" bash scripts/bootstrap.sh
 #       (a machine without a GPU and without a local torch wheel: the CPU build is ~200 MB instead of
 #        several GB of CUDA packages)
+#   TORCH_VERSION=2.13.0 bash scripts/bootstrap.sh
+#       (the default is 2.11.0 where an NVIDIA GPU answers nvidia-smi: the grading GPUs' torch, whose CUDA build
+#        requires the course's triton (2.13.0's requires another, which .ci/constraints.txt refuses); 2.13.0 elsewhere,
+#        whose CPU build requires no triton)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Triton publishes wheels for Linux (x86-64, aarch64) only: elsewhere nothing here can be installed, so say where the
+# course runs instead before creating anything. (WSL reports Linux and is set up like any Linux machine.)
+case "$(uname -s)" in
+  Darwin | MINGW* | MSYS* | CYGWIN* | Windows_NT)
+    echo "bootstrap: Triton has no wheels for $(uname -s) (Linux x86-64 and aarch64 only), so this script cannot" \
+      "set up the course here. Run it in the course's Linux container instead (Docker Desktop, Podman, a VS Code" \
+      "dev container or GitHub Codespaces): see docs/student-environment.md" >&2
+    exit 1 ;;
+esac
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 PIP=(.venv/bin/python -m pip --disable-pip-version-check -q)
@@ -16,8 +29,19 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   # Install torch first and explicitly: left to the project's dependency range, pip would pick the newest
   # CUDA build. 2.13.0 is the version CI runs (a CPU wheel of it is on the CI machine's disk).
   # shellcheck disable=SC2086
-  "${PIP[@]}" install "torch==${TORCH_VERSION:-2.13.0}" ${TORCH_PIP_ARGS:-}
+  default_torch=2.13.0
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then default_torch=2.11.0; fi
+  "${PIP[@]}" install "torch==${TORCH_VERSION:-$default_torch}" ${TORCH_PIP_ARGS:-}
 fi
-# The exact versions CI was verified with (triton 3.9 + numpy 2.4: see pyproject.toml).
+# The exact versions CI was verified with; triton is the course's, the grading GPUs' (grader/checks/runtime.py).
 "${PIP[@]}" install -c .ci/constraints.txt -e '.[dev]'
-.venv/bin/python -c "import torch, triton, numpy; print(f'bootstrap: torch {torch.__version__}, triton {triton.__version__}, numpy {numpy.__version__}')"
+.venv/bin/python -c "
+import sys, numpy, torch, triton
+from grader.checks import runtime
+if runtime.version_note(triton.__version__):
+    print(f'bootstrap: WARNING: triton {triton.__version__} was installed, not the course\'s {runtime.COURSE_TRITON}: '
+          'results may differ from the grader\'s (a pip constraint or setting overrode .ci/constraints.txt?)',
+          file=sys.stderr)
+print(f'bootstrap: torch {torch.__version__}, triton {triton.__version__} (the course grades with triton '
+      f'{runtime.COURSE_TRITON}), numpy {numpy.__version__}')
+"

@@ -295,11 +295,14 @@ def test_a_slow_parts_report_names_the_kernels_its_call_launched():
     assert credit.launch_list(["a", "b", "a"]) == "3 kernels (a ×2, b)"
 
 
-@pytest.mark.parametrize("cached", [False, True], ids=["computes every call", "replays its first result"])
-def test_the_recheck_is_judged_when_the_recording_comes_not_after_the_timing(monkeypatch, cached):
+@pytest.mark.parametrize("behaviour", ["computes", "replays", "wrong"],
+                         ids=["computes every call", "replays its first result", "merely wrong on fresh inputs"])
+def test_the_recheck_is_judged_when_the_recording_comes_not_after_the_timing(monkeypatch, behaviour):
     """The speed measurement's call on fresh inputs (the recheck) is judged as soon as the worker's recording comes,
     while the trusted timer prepares: its float64 reference is computed then, once, and the timed measurement's
-    verdict uses it — a kernel that returns a cached result on the fresh inputs is still flagged."""
+    verdict uses it. A kernel that returns the recorded call's output again on the fresh inputs is flagged; one whose
+    output is merely wrong earns no speed credit, and no flag: a wrong result is no evidence of a cached one."""
+    cached = behaviour != "computes"
     from grader.checks.execute import execute
     from grader.checks.spec import Benchmark, Case, Exercise, Part, Tolerances
     from tests.plans import toy_plan
@@ -325,7 +328,7 @@ def test_the_recheck_is_judged_when_the_recording_comes_not_after_the_timing(mon
     request = protocol.RunSpeed(item.id, "forward", 1.0, part.make_inputs(item.recheck))
     recheck = execute(part, module, request.recheck_inputs, "cpu")
     recorded = SpeedMeasurement(H100, [BenchmarkTiming("n256", warmup_s=0.5)], recheck=recheck,
-                                plans={"n256": toy_plan()})
+                                plans={"n256": toy_plan()}, recheck_repeats=behaviour == "replays")
     judge = ExerciseJudge(toy, device="cpu", student_dir="/nowhere")
     judge.on_recorded(item, request, protocol.SpeedDone(item.id, recorded))
     assert computed == [256], "the recheck's reference was not computed when the recording came"
@@ -339,8 +342,24 @@ def test_the_recheck_is_judged_when_the_recording_comes_not_after_the_timing(mon
     state = judge.parts["forward"]
     assert computed == [256], "the recheck was judged again after the timing"
     assert state.errors == []
+    if behaviour == "replays":
+        assert "speed-recheck" in state.flags and "bit for bit the output of the recorded call" in str(state.flags)
     if cached:
-        assert "speed-recheck" in state.flags and "on fresh inputs after the timed runs" in state.speed.message
-        assert state.speed.fraction == 0.0
-    else:
+        assert "on fresh inputs after the timed runs" in state.speed.message and state.speed.fraction == 0.0
+    if behaviour == "wrong":
+        assert state.flags == {} and "a wrong result earns no speed credit" in state.speed.message
+    if not cached:
         assert state.flags == {} and state.speed.status == "measured" and state.speed.fraction == 1.0
+
+
+def test_a_repeated_output_is_told_apart_from_a_merely_wrong_one():
+    """The evidence behind the `speed-recheck` flag: the recheck's outputs bit for bit the recorded call's."""
+    from grader.speed.measure import same_outputs
+
+    recorded = {"o": torch.arange(6.0).reshape(2, 3), "lse": torch.ones(2)}
+    assert same_outputs({"o": recorded["o"].clone(), "lse": recorded["lse"].clone()}, recorded)
+    assert same_outputs({"o": recorded["o"].t().contiguous().t(), "lse": recorded["lse"]}, recorded)  # any layout
+    assert not same_outputs({"o": recorded["o"] + 1e-6, "lse": recorded["lse"]}, recorded)  # other values
+    assert not same_outputs({"o": recorded["o"], "lse": recorded["lse"].bfloat16()}, recorded)  # a wrong dtype
+    assert not same_outputs({"o": recorded["o"]}, recorded)
+    assert not same_outputs(None, recorded)

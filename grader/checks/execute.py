@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from grader.checks import integrity, tensors
+from grader.checks import integrity, interpreter_limits, tensors
 from grader.checks.spec import BadInput, Inputs, Part
 
 ERROR_KINDS = ("not_implemented", "exception", "bad_output")
@@ -63,11 +63,11 @@ def execute(part: Part, module: ModuleType, inputs: Inputs, device: str) -> Exec
             finally:
                 if device == "cuda":
                     torch.cuda.synchronize()
-    except NotImplementedError as exc:
-        ex.error_kind, ex.error = "not_implemented", str(exc)
-        return ex
     except Exception as exc:  # the student's exception is the result we report
-        ex.error_kind, ex.error = "exception", student_traceback(exc)
+        if isinstance(exc, NotImplementedError) and not interpreter_limits.raised_inside_triton(exc):
+            ex.error_kind, ex.error = "not_implemented", str(exc)  # the student's unwritten stub, not triton's
+        else:
+            ex.error_kind, ex.error = "exception", student_traceback(exc)
         return ex
     ex.ops, ex.kernels = list(obs.ops), list(obs.kernels)
     if not isinstance(outputs, dict) or not all(isinstance(v, torch.Tensor) for v in outputs.values()):
@@ -90,14 +90,14 @@ def qualname(cls: type) -> str:
 
 
 def execute_bad_input(module: ModuleType, bad: BadInput, device: str) -> BadInputOutcome:
-    """Make the bad call; NotImplementedError propagates (the function is not written yet)."""
+    """Make the bad call; the student's NotImplementedError propagates (the function is not written yet)."""
     fn = getattr(module, bad.function)
     args, kwargs = bad.make_args(device)
     try:
         fn(*args, **kwargs)
-    except NotImplementedError:
-        raise
     except Exception as exc:
+        if isinstance(exc, NotImplementedError) and not interpreter_limits.raised_inside_triton(exc):
+            raise
         return BadInputOutcome(type(exc).__name__, [qualname(c) for c in type(exc).__mro__], str(exc))
     return BadInputOutcome()
 
@@ -116,9 +116,11 @@ def student_frames(exc: BaseException) -> str:
 
 
 def student_traceback(exc: BaseException) -> str:
-    """The exception and the student's frames where it was raised."""
+    """The exception and the student's frames where it was raised, and the note when a known limit of the Triton
+    interpreter (or of the installed Triton) explains it: such an error reads like the student's bug."""
     where = student_frames(exc)
-    return f"{type(exc).__name__}: {exc}" + (f"\n{where}" if where else "")
+    note = interpreter_limits.note(exc)
+    return f"{type(exc).__name__}: {exc}" + (f"\n{where}" if where else "") + (f"\n{note}" if note else "")
 
 
 def type_summary(value: Any) -> str:

@@ -12,9 +12,16 @@ silent fallback.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from dataclasses import dataclass
 from functools import cache
+
+# The Triton the course grades with: the grading GPUs' (with torch 2.11). Its interpreter runs block pointers
+# (tl.make_block_ptr, tl.advance; 3.9's interpreter removed them) and tensor descriptors alike, so a kernel that passes
+# a student's tests on a CPU runs on the grading GPU. .ci/constraints.txt pins the same version (a test holds them
+# equal); version_note() says so wherever another one runs.
+COURSE_TRITON = "3.6.0"
 
 
 class RuntimeSetupError(RuntimeError):
@@ -130,6 +137,24 @@ def cuda_broken() -> str | None:
     except Exception as exc:  # torch.AcceleratorError / RuntimeError: the context is gone
         return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     return None
+
+
+def version_note(version: str | None = None) -> str | None:
+    """Why results here may differ from the grader's, when the Triton is not the course's; None when it is.
+    ``version``: a Triton version, or a mode's description that names one ("...; torch 2.13.0, triton 3.9.0", as a
+    report records it); default: this process's (after :func:`configure`, so that importing triton is safe)."""
+    if version is None:
+        configure()
+        import triton
+
+        version = triton.__version__
+    found = re.search(r"(?:^|\btriton )(\d+\.\d+[^\s,;)]*)", version)
+    if found is None or found.group(1).split("+")[0] == COURSE_TRITON:  # 3.6.0+local: a build of the same release
+        return None
+    running = found.group(1)
+    why = " (block pointers were removed in 3.9)" if _major_minor(running) >= (3, 9) else ""
+    return (f"this machine runs triton {running}; the course grades with triton {COURSE_TRITON} — results may "
+            f"differ{why}; `bash scripts/bootstrap.sh` installs the course's version")
 
 
 def _check_interpreter_versions() -> None:

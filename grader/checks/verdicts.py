@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from grader.checks import integrity, tensors
+from grader.checks import integrity, interpreter_limits, tensors
 from grader.checks.compare import compare, describe_tensor, inputs_contiguous, layout_hint
 from grader.checks.execute import BadInputOutcome, Execution, execute, execute_bad_input, qualname
 from grader.checks.spec import BadInput, Case, Inputs, Part
@@ -27,9 +27,11 @@ class Verdict:
     passed: bool
     message: str = ""
     flags: list[integrity.Flag] = field(default_factory=list)
+    interpreter_limit: bool = False  # the failure may be a limit of the Triton interpreter (the message says which)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"passed": self.passed, "message": self.message, "flags": [f.to_dict() for f in self.flags]}
+        return {"passed": self.passed, "message": self.message, "flags": [f.to_dict() for f in self.flags],
+                "interpreter_limit": self.interpreter_limit}
 
 
 def describe_case(case: Case, inputs: Inputs) -> str:
@@ -46,11 +48,15 @@ def correctness(part: Part, case: Case, inputs: Inputs, ex: Execution, device: s
     the batch's stored one; computed only when there are outputs to compare)."""
     function = part.functions[0]
     if ex.error_kind is not None:
-        return Verdict(False, f"{function} raised {ex.error}" if ex.error_kind == "exception" else ex.error or "")
+        if ex.error_kind == "not_implemented":  # an option left unimplemented: this check fails, the others run
+            return Verdict(False, f"{function} raised NotImplementedError" + (f": {ex.error}" if ex.error else ""))
+        message = f"{function} raised {ex.error}" if ex.error_kind == "exception" else ex.error or ""
+        return Verdict(False, message, interpreter_limit=interpreter_limits.mentions_limit(ex.error))
     if ex.outputs is None:
         return Verdict(False, f"{function} returned no outputs")
     expected = reference() if reference is not None else part.reference(inputs)
-    problems = []
+    sizes = [n for v in inputs.values() if isinstance(v, torch.Tensor) for n in v.shape]  # what a hint may rule out
+    problems, wrong_values = [], False
     for name, exp in expected.items():
         if name not in ex.outputs:
             problems.append(f"{name}: missing from the result")
@@ -58,12 +64,19 @@ def correctness(part: Part, case: Case, inputs: Inputs, ex: Execution, device: s
         if ex.output_devices.get(name) != device:
             problems.append(f"{name}: on {ex.output_devices.get(name)}, expected on {device}")
             continue
-        mismatch = compare(name, ex.outputs[name], exp, part.tolerance(name, case.dtype, device))
+        mismatch = compare(name, ex.outputs[name], exp, part.tolerance(name, case.dtype, device), sizes=sizes)
         if mismatch:
             problems.append(mismatch.message)
+            wrong_values = True
     if not problems:
         return Verdict(True)
-    return Verdict(False, f"{function} is wrong on\n{describe_case(case, inputs)}\n" + "\n".join(problems))
+    message = f"{function} is wrong on\n{describe_case(case, inputs)}\n" + "\n".join(problems)
+    # On the CPU kernels run in the Triton interpreter, whose bf16 arithmetic is wrong without an fp32 cast: say
+    # so on every wrong bf16 result (fp16 it computes right), rather than guess from the values.
+    if wrong_values and device == "cpu" and any(
+            isinstance(v, torch.Tensor) and v.dtype == torch.bfloat16 for v in inputs.values()):
+        return Verdict(False, f"{message}\n{interpreter_limits.BF16_NOTE}", interpreter_limit=True)
+    return Verdict(False, message)
 
 
 def integrity_flags(part: Part, inputs: Inputs, ex: Execution, *, student_dir: str) -> list[integrity.Flag]:

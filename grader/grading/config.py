@@ -29,7 +29,7 @@ DEVICES = ("cpu", "cuda")
 # [grading] keys that may differ per device (``key_cpu`` / ``key_cuda``), with their type
 DEFAULT_CASES_SEED = "triton-kernels-course"  # course.toml's public default: instructors set their own
 PER_DEVICE = {"random_cases": int, "timeout_s": float, "call_timeout_s": float, "memory_mb": int,
-              "speed_budget_s": float, "jobs": int}
+              "speed_budget_s": float, "jobs": int, "compile_timeout_s": float}
 
 
 class CourseError(ValueError):
@@ -260,7 +260,8 @@ class RunSettings:
     gpu_name: str | None = None
     output_cap: int = 64 * 1024  # bytes of stdout and of stderr kept per worker
     result_cap_mb: int = 4096  # largest message from a worker
-    max_restarts: int = 2
+    # One Triton compilation of the student's kernels at most (compiling is not counted in a call's time limit)
+    compile_timeout_s: float = 600.0
     env: Mapping[str, str] = field(default_factory=dict)  # extra environment for the worker (e.g. the GPU)
     cases_seed: str = ""  # the course's seed of every case (course.toml); "": each batch's secret
     speed_curves: Mapping[str, Curve] = field(default_factory=dict)  # the course's [speed_curve]
@@ -291,6 +292,10 @@ def resolve(options: GradeOptions, course: Course, *, device: str, secret: str, 
         call_timeout_s=min(float(pick(options.call_timeout_s, "call_timeout_s")), timeout),
         memory_mb=int(pick(options.memory_mb, "memory_mb")),
         speed_budget_s=float(course.setting("speed_budget_s", device)),
+        # optional in a course file: older ones have none
+        compile_timeout_s=(course.setting("compile_timeout_s", device)
+                           if {"compile_timeout_s", f"compile_timeout_s_{device}"} & set(course.grading)
+                           else RunSettings.compile_timeout_s),
         workdir=workdir,
         gpu_name=gpu_name,
         sandbox=sandbox,

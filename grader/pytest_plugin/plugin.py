@@ -84,6 +84,8 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         f"grader: {session.mode.description}",
         f"grader: implementations from {impl}; hypothesis profile {settings._current_profile}",
     ]
+    if note := runtime.version_note():
+        lines.insert(1, f"grader: note: {note}")
     if session.mode.interpreter:
         lines.append("grader: no GPU — kernels run in the Triton interpreter; speed tests are skipped")
     else:

@@ -79,6 +79,9 @@ class SpeedMeasurement:
     tampered: list[str] = field(default_factory=list)  # timing primitives replaced since the worker started
     plans: dict[str, LaunchPlan | str] = field(default_factory=dict)  # label -> plan, or why it has none
     mismatches: list[str] = field(default_factory=list)  # replays that did not compute the function
+    # The recheck's outputs are bit for bit those of the first benchmark's recorded call, on other inputs: the
+    # evidence of a cached or replayed result (a wrong recheck without it is a wrong result, not a flag).
+    recheck_repeats: bool = False
     timer_fault: str | None = None  # the trusted timer failed on the grader's side (speed needs a regrade)
 
     @property
@@ -234,11 +237,11 @@ def recheck_case(part: Part, secret_seed: int) -> Case:
     return bench.case.with_seed(mixed_seed(str(secret_seed), "speed-recheck", part.name, bench.label))
 
 
-def record_benchmark(part: Part, module: ModuleType, bench: Benchmark, *, warmup_calls: int = 2
-                     ) -> tuple[LaunchPlan | str, float]:
+def record_benchmark(part: Part, module: ModuleType, bench: Benchmark, *, warmup_calls: int = 2,
+                     keep: dict[str, Any] | None = None) -> tuple[LaunchPlan | str, float]:
     """Run the student's call on the benchmark's inputs ``warmup_calls`` times (compilation, autotuning), then
-    once more recording it. Returns the plan, or why there is none, and the seconds it took. The student's
-    exceptions propagate."""
+    once more recording it. Returns the plan, or why there is none, and the seconds it took; ``keep``, where
+    given, receives copies of the recorded call's outputs. The student's exceptions propagate."""
     from grader.speed import recorder  # here: the trusted timer imports this module, never the recorder
 
     started = time.monotonic()
@@ -248,13 +251,24 @@ def record_benchmark(part: Part, module: ModuleType, bench: Benchmark, *, warmup
         for _ in range(warmup_calls):
             call(timing.fresh_inputs(inputs))
         torch.cuda.synchronize()
-        _, plan = recorder.record_call(call, timing.fresh_inputs(inputs))
+        outputs, plan = recorder.record_call(call, timing.fresh_inputs(inputs))
+        if keep is not None and isinstance(outputs, dict):
+            keep.update({k: v.detach().clone() for k, v in outputs.items() if isinstance(v, torch.Tensor)})
     except recorder.NotReplayable as exc:
         return str(exc), time.monotonic() - started
     finally:
         del inputs
         torch.cuda.empty_cache()
     return plan, time.monotonic() - started
+
+
+def same_outputs(outputs: Mapping[str, torch.Tensor] | None, earlier: Mapping[str, Any]) -> bool:
+    """Whether ``outputs`` are bit for bit ``earlier``: the same names, shapes, dtypes and bytes."""
+    if not outputs or set(outputs) != set(earlier):
+        return False
+    return all(out.shape == earlier[name].shape and out.dtype == earlier[name].dtype
+               and tensors.row_major_bytes(out) == tensors.row_major_bytes(earlier[name])
+               for name, out in outputs.items())
 
 
 def warm_part(part: Part, module: ModuleType) -> str | None:
@@ -298,12 +312,14 @@ def record_part(part: Part, module: ModuleType, *, recheck_inputs: Inputs | None
     """Record every benchmark of ``part`` (CUDA only), then call the student's code on ``recheck_inputs``.
     Stops at the first benchmark whose call raises: its error already costs the credit."""
     measurement = SpeedMeasurement(torch.cuda.get_device_name())
+    first_outputs: dict[str, Any] = {}  # the first benchmark's: the recheck has its shapes, other values
     try:
         for bench in part.benchmarks:
             row = BenchmarkTiming(bench.label)
             measurement.benchmarks.append(row)
             try:
-                recorded, row.warmup_s = record_benchmark(part, module, bench)
+                recorded, row.warmup_s = record_benchmark(part, module, bench,
+                                                          keep=None if measurement.plans else first_outputs)
             except NotImplementedError:
                 row.error = f"{' / '.join(part.functions)} is not implemented yet"
                 row.not_implemented = True
@@ -314,6 +330,7 @@ def record_part(part: Part, module: ModuleType, *, recheck_inputs: Inputs | None
             measurement.plans[bench.label] = recorded
         if recheck_inputs is not None:
             measurement.recheck = execute(part, module, recheck_inputs, "cuda")
+            measurement.recheck_repeats = same_outputs(measurement.recheck.outputs, first_outputs)
         return measurement
     finally:
         measurement.tampered = tamper.tampered()

@@ -19,9 +19,11 @@ same places may hold ``display_name``: the name a student opts into for the clas
 A folder that holds submissions rather than exercise folders (several student folders, zips or notebooks)
 stands for the submissions in it: ``grader grade export/`` grades every one.
 
-Everything is copied into a private directory first (regular files only: links are skipped; size
-and file-count limits apply), so grading never runs in, or writes to, the submitted files. A submission
-that is itself a symbolic link is not followed: it is refused, with a message naming it.
+Everything is copied into a private directory first (regular files only: links are skipped), so grading never
+runs in, or writes to, the submitted files. What cannot be student code (virtual environments, caches, build
+output, files too large to be a module: :mod:`grader.grading.batch.skipping`) is neither copied nor unpacked, and
+is named in a note among the submission's problems; the file-count and size limits apply to what is kept. A
+submission that is itself a symbolic link is not followed: it is refused, with a message naming it.
 """
 
 from __future__ import annotations
@@ -37,13 +39,12 @@ from pathlib import Path, PurePosixPath
 
 from grader.checks import loader
 from grader.checks.spec import Exercise
+from grader.grading.batch import skipping
+from grader.grading.batch.skipping import BOMB_RATIO, MAX_BYTES, Entry
 
 MARKER = re.compile(r"^\s*#\s*%%\s*exercise:\s*(\S+)\s*$")
 MANIFEST = "student.toml"
-MAX_BYTES = 64 << 20
-MAX_FILES = 5000
 MAX_ID = 64  # characters of a student id: a folder name, far below any file system's limit
-_IGNORED = {"__pycache__", ".git", ".ipynb_checkpoints", "__MACOSX", ".hypothesis", ".pytest_cache"}
 
 
 @dataclass
@@ -88,7 +89,7 @@ def is_batch(path: Path, exercises: tuple[Exercise, ...]) -> bool:
     or a .zip/.ipynb among them."""
     if not path.is_dir() or find_root(path, exercises, depth=0) or (path / "assignments").is_dir():
         return False
-    entries = [p for p in path.iterdir() if not p.name.startswith(".") and p.name not in _IGNORED]
+    entries = [p for p in path.iterdir() if not p.name.startswith(".") and not skipping.skipped_name(p.name)]
     looks = [p for p in entries if p.is_dir() or p.suffix.lower() in (".zip", ".ipynb")]
     return len(looks) >= 2 or any(p.suffix.lower() in (".zip", ".ipynb") for p in looks)
 
@@ -98,7 +99,8 @@ def expand(paths: list[Path], exercises: tuple[Exercise, ...]) -> list[Path]:
     out = []
     for path in paths:
         if is_batch(path, exercises):
-            out.extend(sorted(p for p in path.iterdir() if not p.name.startswith(".") and p.name not in _IGNORED
+            out.extend(sorted(p for p in path.iterdir() if not p.name.startswith(".")
+                              and not skipping.skipped_name(p.name)
                               and (p.is_dir() or p.suffix.lower() in (".zip", ".ipynb"))))
         else:
             out.append(path)
@@ -125,10 +127,11 @@ def prepare(path: Path, dest: Path, exercises: tuple[Exercise, ...]) -> Submissi
             sub.root = _from_notebook(path, dest / "impl", exercises, sub)
         else:
             tree = dest / "files"
+            modules = {(e.name, f"{e.module}.py") for e in exercises}
             if kind == "zip":
-                _extract_zip(path, tree, sub)
+                _extract_zip(path, tree, sub, modules)
             else:
-                _copy_tree(path, tree, sub)
+                _copy_tree(path, tree, sub, modules)
             sub.root = find_root(tree, exercises)
             for folder in (tree, sub.root, sub.root.parent if sub.root else None):
                 if folder is not None and (folder / MANIFEST).is_file():
@@ -174,64 +177,75 @@ def find_root(tree: Path, exercises: tuple[Exercise, ...], depth: int = 2) -> Pa
         found = find_root(tree / "assignments", exercises, depth - 1)
         if found:
             return found
-    subdirs = [d for d in tree.iterdir() if d.is_dir() and d.name not in _IGNORED and not d.name.startswith(".")]
+    subdirs = [d for d in tree.iterdir()
+               if d.is_dir() and not skipping.skipped_name(d.name) and not d.name.startswith(".")]
     if len(subdirs) == 1:
         return find_root(subdirs[0], exercises, depth - 1)
     return None
 
 
-def _copy_tree(src: Path, dst: Path, sub: Submission) -> None:
-    count = size = 0
-    for item in sorted(src.rglob("*")):
-        rel = item.relative_to(src)
-        if any(part in _IGNORED for part in rel.parts):
-            continue
-        if item.is_symlink():
-            sub.problems.append(f"{rel}: symbolic links are not graded (skipped)")
-            continue
-        if item.is_dir():
-            (dst / rel).mkdir(parents=True, exist_ok=True)
-            continue
-        if not item.is_file():
-            continue
-        count += 1
-        size += item.stat().st_size
-        if count > MAX_FILES or size > MAX_BYTES:
-            raise SubmissionError(f"{src.name}: more than {MAX_FILES} files or {MAX_BYTES >> 20} MB")
-        (dst / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(item, dst / rel)
+def _copy_tree(src: Path, dst: Path, sub: Submission, modules: set[tuple[str, str]]) -> None:
+    entries = []
+    for folder, dirs, files in os.walk(src):  # links to folders are listed, never followed
+        dirs.sort()
+        for name in dirs + sorted(files):
+            item = Path(folder, name)
+            info = item.lstat()
+            kind = ("link" if stat.S_ISLNK(info.st_mode) else "dir" if stat.S_ISDIR(info.st_mode)
+                    else "file" if stat.S_ISREG(info.st_mode) else "other")
+            entries.append(Entry(PurePosixPath(*item.relative_to(src).parts), kind, info.st_size))
+    selection = _select(src, entries, sub, modules)
     dst.mkdir(parents=True, exist_ok=True)
+    for entry in selection.kept:
+        target = dst.joinpath(*entry.path.parts)
+        if entry.kind == "dir":
+            target.mkdir(parents=True, exist_ok=True)
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src.joinpath(*entry.path.parts), target)
 
 
-def _extract_zip(src: Path, dst: Path, sub: Submission) -> None:
+def _extract_zip(src: Path, dst: Path, sub: Submission, modules: set[tuple[str, str]]) -> None:
     if not zipfile.is_zipfile(src):
         raise SubmissionError(f"{src.name} is not a valid zip file")
     try:
         with zipfile.ZipFile(src) as zf:
             infos = zf.infolist()
-            if len(infos) > MAX_FILES or sum(i.file_size for i in infos) > MAX_BYTES:
-                raise SubmissionError(f"{src.name}: more than {MAX_FILES} files or {MAX_BYTES >> 20} MB unpacked")
-            dst.mkdir(parents=True, exist_ok=True)
+            unpacked = sum(i.file_size for i in infos)
+            if unpacked > MAX_BYTES and unpacked > BOMB_RATIO * src.stat().st_size:
+                raise SubmissionError(f"{src.name}: a zip bomb (it would unpack to {skipping.human(unpacked)}, more "
+                                      f"than {BOMB_RATIO} times its size): not unpacked")
+            entries = []
             for info in infos:
                 name = PurePosixPath(info.filename)
                 if name.is_absolute() or ".." in name.parts:
                     sub.problems.append(f"{info.filename}: path outside the archive (skipped)")
                     continue
-                if any(part in _IGNORED for part in name.parts):
-                    continue
-                mode = info.external_attr >> 16
-                if stat.S_ISLNK(mode):
-                    sub.problems.append(f"{info.filename}: symbolic links are not graded (skipped)")
-                    continue
-                target = dst.joinpath(*name.parts)
-                if info.is_dir():
+                kind = ("link" if stat.S_ISLNK(info.external_attr >> 16) else "dir" if info.is_dir() else "file")
+                entries.append(Entry(name, kind, info.file_size, info))
+            selection = _select(src, entries, sub, modules)
+            dst.mkdir(parents=True, exist_ok=True)
+            for entry in selection.kept:  # what was left out is never unpacked: it costs no disk
+                target = dst.joinpath(*entry.path.parts)
+                if entry.kind == "dir":
                     target.mkdir(parents=True, exist_ok=True)
                     continue
                 target.parent.mkdir(parents=True, exist_ok=True)
-                with zf.open(info) as fin, open(target, "wb") as fout:
-                    shutil.copyfileobj(fin, fout)
+                with zf.open(entry.ref) as fin, open(target, "wb") as fout:
+                    shutil.copyfileobj(fin, fout)  # zipfile stops at the declared size, which the limits bound
     except (zipfile.BadZipFile, OSError, EOFError) as exc:
         raise SubmissionError(f"{src.name} could not be unpacked: {exc}") from None
+
+
+def _select(src: Path, entries: list[Entry], sub: Submission, modules: set[tuple[str, str]]) -> skipping.Selection:
+    """What of ``entries`` is graded; links and what was left out are noted, too much kept refuses it whole."""
+    selection = skipping.select(entries, modules)
+    sub.problems.extend(f"{link.path}: symbolic links are not graded (skipped)" for link in selection.links)
+    if note := skipping.note(selection.skipped):
+        sub.problems.append(note)
+    if reason := skipping.over_limits(selection.kept):
+        raise SubmissionError(f"{src.name}: {reason}")
+    return selection
 
 
 def notebook_modules(nb, exercises: tuple[Exercise, ...]) -> tuple[dict[str, str], list[str]]:

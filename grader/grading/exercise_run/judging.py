@@ -215,9 +215,13 @@ class ExerciseJudge:
         recheck = verdicts.Verdict(True)
         if measurement.recheck is not None:
             recheck = state.rechecks.pop(item.id, None) or self._recheck(item, request, measurement)
-            if not recheck.passed:
+            # A wrong output is a wrong result (no speed credit for it, the message says why); only a wrong output
+            # that repeats the bits of the recorded call on other inputs is evidence of a cached result.
+            if not recheck.passed and measurement.recheck_repeats:
                 state.flag(integrity.Flag("speed-recheck", "results must be computed on every call, not cached or "
-                                          "replayed — " + recheck.message))
+                                          "replayed — on fresh inputs after the timed runs, "
+                                          f"{part.functions[0]} returned bit for bit the output of the recorded call "
+                                          "on the benchmark's inputs: " + recheck.message))
         try:
             limits = credit.load_thresholds(measurement.gpu)
         except thresholds.ThresholdsError as exc:
@@ -237,7 +241,8 @@ class ExerciseJudge:
                                        reference=self._reference(item.part, item.recheck, inputs))
         if verdict.passed:
             return verdicts.Verdict(True)
-        return verdicts.Verdict(False, "on fresh inputs after the timed runs, " + verdict.message)
+        return verdicts.Verdict(False, "the timed code's output is wrong (a wrong result earns no speed credit): "
+                                       "on fresh inputs after the timed runs, " + verdict.message)
 
     # ------------------------------------------------------------------------------ assemble
 
@@ -272,9 +277,10 @@ class ExerciseJudge:
             err = run.load_errors[part.name]
             return PartResult(part.name, NOT_SUBMITTED if err.kind == "missing" else ERROR, err.message,
                               speed=self._no_speed(part, "not measured: the module did not load"))
-        sent = [it for it in items if it.skip_reason is None]
-        first = next((it for it in sent if it.id in run.replies or it.id in run.not_run), None)
-        if first is not None and (first.id in run.not_run or _is_not_implemented(run.replies[first.id])):
+        # "not implemented" when every call the part made raised NotImplementedError (an untouched stub); an option
+        # left unimplemented fails its own checks only.
+        replied = [run.replies[it.id] for it in items if it.skip_reason is None and it.id in run.replies]
+        if replied and all(_is_not_implemented(reply) for reply in replied):
             names = " / ".join(part.functions)
             return PartResult(part.name, NOT_IMPLEMENTED,
                               f"{names} is not implemented yet — see {self.exercise.handout}",

@@ -124,6 +124,7 @@ def grade_exercise(exercise: Exercise, root: Path, *, settings: RunSettings, scr
             result.profile.update({f"worker group {name}": wall for name, wall in walls.items()})
         result.log = "\n".join(run.logs)
         result.problems = run.problems
+        result.notes = run.notes
         result.profile.update(run.profile)
         result.cpu = dict(run.cpu)
         result.profile.update(judge.profile)
@@ -266,6 +267,7 @@ def merge_regrade(previous: ExerciseResult, regraded: ExerciseResult) -> Exercis
         previous,
         parts=[by_name.get(p.name, p) for p in previous.parts],
         problems=[*previous.problems, *regraded.problems],
+        notes=[*previous.notes, *(n for n in regraded.notes if n not in previous.notes)],
         grader_errors=list(regraded.grader_errors),
         log="\n".join(x for x in (previous.log, "--- regrade ---", regraded.log) if x),
         elapsed_s=previous.elapsed_s + regraded.elapsed_s,

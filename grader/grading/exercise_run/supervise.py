@@ -9,12 +9,14 @@ soon as the reply comes; replies are judged (``on_reply``) in order on a thread 
 float64 reference computed, or awaited from another run of the batch that is computing it) never keeps the worker
 waiting.
 
-A worker that crashes, overruns a limit or sends something that is not a message is stopped (with every
-process it started), the item it was running fails with the reason, and a new worker goes on with the items not
-reached, while the restarts make progress. A worker whose CUDA context an item left broken says so and exits:
-that item keeps its own result and a fresh worker runs the rest. A part that crashed (or broke) more than
-``max_restarts`` workers runs no more items; the other parts go on. A crash while importing the module, a
-malformed message and the exercise's time limit end the run.
+A fault costs only its own check. An exception, ``NotImplementedError`` included, is that item's reply and the
+next item runs. A worker that crashes or overruns a call's limit is stopped (with every process it started), the
+item it was running fails with the reason, and a fresh worker goes on with the items not reached, for as long as
+the exercise's time allows: there is no count of crashes after which the rest is lost. After a crash the items of
+other kinds go first (an extra check such as the memory check, the integrity cases, the bad inputs), so that a
+kind of check that crashes on every call cannot use up the time of the others. A worker whose CUDA context an
+item left broken says so and exits: that item keeps its own result and a fresh worker runs the rest. A crash
+while importing the module (in every worker), a malformed message and the exercise's time limit end the run.
 
 On a GPU every worker is connected to the GPU's arbiter (:mod:`grader.grading.isolation.gpu_arbiter`): the workers share
 the GPU, and one that autotunes asks for it alone, as the trusted timer does for its timed rounds; a worker paused
@@ -58,6 +60,7 @@ class Run:
     loaded: bool = False
     load_errors: dict[str, protocol.LoadFailure] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # for the student, not failures (a long compilation)
     logs: list[str] = field(default_factory=list)
     profile: dict[str, float] = field(default_factory=dict)  # seconds per step
     cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds of the workers per step
@@ -79,6 +82,7 @@ class Run:
             out.not_run.update(run.not_run)
             out.load_errors.update(run.load_errors)
             out.problems += [p for p in run.problems if p not in out.problems]
+            out.notes += [n for n in run.notes if n not in out.notes]
             out.logs += run.logs
             out.to_time += run.to_time
             for step, seconds in run.profile.items():
@@ -103,6 +107,7 @@ class _AheadEnded(Exception):
 IDLE = "worker idle (waiting for the grader's next request)"
 COMPILING_AHEAD = "compiling ahead (the cases' kernels, at once)"
 COMPILING_BENCHMARKS_AHEAD = "compiling ahead (the benchmarks' kernels and autotuning candidates, at once)"
+LONG_COMPILE = 0.25  # a compilation this much of a call's limit or longer is told in the report
 CUT_SHORT = "a request cut short, or the exit"  # CPU after a worker's last reply (a crash, a time-out)
 # What a request has a worker run, in the profile's words.
 DOING = {protocol.RunCase: "a case", protocol.RunBadInput: "a bad input", protocol.RunExtra: "an extra check",
@@ -163,14 +168,6 @@ def ahead_requests(items: list[Item], load_errors: Mapping[str, str]) -> list[pr
 def _signature(inputs: Inputs) -> tuple:
     return tuple((name, (tuple(v.shape), v.stride(), str(v.dtype)) if hasattr(v, "stride") else repr(v))
                  for name, v in sorted(inputs.items()))
-
-
-def _not_implemented(reply: protocol.ItemReply) -> str | None:
-    if isinstance(reply, protocol.NotImplementedYet):
-        return reply.message
-    if isinstance(reply, protocol.CaseDone) and reply.execution.error_kind == "not_implemented":
-        return reply.execution.error or ""
-    return None
 
 
 def run(exercise: Exercise, root: Path, items: list[Item], settings: RunSettings, *, scratch: Path,
@@ -252,18 +249,17 @@ class _Supervision:
         self.deadline = time.monotonic() + settings.timeout_s
         self.extra_fields = {it.id: dict(x.fields) for it in items for x in it.part.extra_checks if x.name == it.role}
         self.seen_root, self.grader_dir = workers.worker_view(settings, root)
-        self.not_implemented: dict[str, str] = {}  # part.missing_key -> message
         self.first_calls: set[str] = set()  # parts whose first call was made (it compiles: profiled apart)
         self.judging: _Judging | None = None  # while run() runs, where on_reply is given
         self.upcoming: list[Item] = []  # the items after the current one
         self.prepared: dict[str, protocol.Request] = {}  # the next item's request, built while the worker ran
-        self.crashes: dict[str, int] = {}  # part -> workers it crashed or left broken
         self.poisoned: list[str] = []  # set by ask(): the worker said its CUDA context is broken
         self.limit = f"timed out after {settings.timeout_s:g} s (stopped, with every process it started)"
         self.current: Item | None = None  # the item the worker is running
         self.progress = 0  # items the current worker answered
         self.cpu_mark = 0.0  # the current worker's CPU seconds when its last step ended
         self.ahead = settings.compile_ahead  # compile the cases' kernels at once first
+        self.compile_used = 0.0  # seconds of compiling the limits moved on by, over this run's workers
 
     def run(self, remaining: list[Item]) -> Run:
         if self.on_reply is not None:
@@ -289,7 +285,7 @@ class _Supervision:
                 break
             born, deadline_then = time.monotonic(), self.deadline
             worker = workers.Worker(settings, self.root, self.scratch, self.cache_dir, self.extra_fields,
-                                    self.arbiter)
+                                    self.arbiter, compile_allowance_s=max(0.0, settings.timeout_s - self.compile_used))
             self.poisoned.clear()
             self.current, self.progress, self.cpu_mark = None, 0, 0.0
             try:
@@ -312,6 +308,7 @@ class _Supervision:
                 worker.stop()
                 if (rest := worker.process.cpu_s() - self.cpu_mark) > 0:
                     result.add_cpu(CUT_SHORT, rest)
+                self._compiled(worker)
 
     def _start(self, worker: workers.Worker) -> None:
         """Wait for the worker's hello, then have it import the student's module."""
@@ -369,9 +366,6 @@ class _Supervision:
             if item.part.name in result.load_errors:
                 result.not_run[item.id] = "the module did not load"
                 continue
-            if item.part.missing_key in self.not_implemented:
-                result.not_run[item.id] = f"not implemented: {self.not_implemented[item.part.missing_key]}"
-                continue
             request = self.prepared.pop(item.id, None) or _request(item, self.references)
             self.current, sent = item, time.monotonic()
             if isinstance(request, protocol.RunSpeed):  # compile every candidate first; then autotune and record
@@ -385,12 +379,8 @@ class _Supervision:
             self.current = None
             result.replies[item.id] = reply
             self.progress += 1
-            message = _not_implemented(reply)
-            if message is not None:
-                self.not_implemented.setdefault(item.part.missing_key, message)
             self._deliver(item, request, reply)
             if self.poisoned:  # the worker exits: the next items run in a fresh one
-                self._crashed(item)
                 raise workers.Ended(f"{describe(item, self.exercise)} left the CUDA context broken "
                                     f"({self.poisoned.pop()}); the checks after it ran in a fresh worker",
                                     broken_context=True)
@@ -419,9 +409,20 @@ class _Supervision:
             self.current = None
             why = f"the speed warm-up left the CUDA context broken ({self.poisoned.pop()})"
             self.result.failed[item.id] = why
-            self._crashed(item)
             raise workers.Ended(f"{describe(item, self.exercise)}: {why}; the checks after it ran in a fresh worker",
                                 broken_context=True)
+
+    def _compiled(self, worker: workers.Worker) -> None:
+        """Count what ``worker`` spent compiling, and tell the student of each long compilation: it is not counted in
+        a call's time limit, and a time-out elsewhere is easier to read knowing it."""
+        self.compile_used += min(worker.compiling_s(), worker.compile_allowance_s)
+        call_limit = self.settings.call_timeout_s
+        for what, seconds in worker.compilations:
+            if seconds >= LONG_COMPILE * call_limit:
+                note = (f"compiling {what} took {seconds:.0f} s; compiling is not counted in the {call_limit:g} s "
+                        f"limit of a call (one compilation may take up to {self.settings.compile_timeout_s:g} s)")
+                if note not in self.result.notes:
+                    self.result.notes.append(note)
 
     def _spent(self, worker: workers.Worker, step: str, since: float) -> None:
         """``step`` ended now: its wall time since ``since``, and the worker's CPU time since the last step's end."""
@@ -429,9 +430,6 @@ class _Supervision:
         cpu = worker.process.cpu_s()
         self.result.add_cpu(step, max(0.0, cpu - self.cpu_mark))
         self.cpu_mark = max(self.cpu_mark, cpu)
-
-    def _crashed(self, item: Item) -> None:
-        self.crashes[item.part.name] = self.crashes.get(item.part.name, 0) + 1
 
     def _ask(self, worker: workers.Worker, request: protocol.Request, item_id: str):
         """Send one request and wait for its reply; the reply's id must be ``item_id``. Time the worker
@@ -484,27 +482,26 @@ class _Supervision:
         result.problems.append(message)
         if current is not None:
             result.failed[current.id] = message
-            self._crashed(current)
         done = set(result.replies) | set(result.failed) | set(result.not_run)
         pending = [it for it in remaining if it.id not in done]
-        # Restart for the items not reached, while the restarts make progress. A part whose calls crashed
-        # (or broke the CUDA context) more than max_restarts workers, or crashed a fresh one on its first
-        # call, runs no more items — code that crashes on every call is not run over and over — but the
-        # other parts go on: a crash costs its own checks only.
-        to_blame = current.part.name if current is not None else None
-        stuck = attempt > 0 and self.progress == 0
-        fatal = not result.loaded or ended.malformed or time.monotonic() >= self.deadline - 0.5
-        spent = {name for name, n in self.crashes.items() if n > self.settings.max_restarts}
-        if stuck and to_blame is not None:
-            spent.add(to_blame)
-        last_attempt = attempt >= self.settings.max_restarts * len(self.exercise.parts) + 1
-        if fatal or (stuck and to_blame is None) or last_attempt:
-            spent = {it.part.name for it in pending}
-        for it in pending:
-            if it.part.name in spent:
+        # A fresh worker goes on with the items not reached, while the exercise has time; a worker that ends
+        # before its first item (importing the module again) has nothing to blame but the module: the run ends.
+        fatal = (not result.loaded or ended.malformed or time.monotonic() >= self.deadline - 0.5
+                 or (current is None and self.progress == 0 and attempt > 0))
+        if fatal:
+            for it in pending:
                 result.failed.setdefault(it.id, f"not run: {message.splitlines()[0]}")
-        return [it for it in pending if it.part.name not in spent]
+            return []
+        return after_crash(pending, current)
 
+
+def after_crash(pending: list[Item], crashed: Item | None) -> list[Item]:
+    """The order a fresh worker runs ``pending`` in after ``crashed`` ended a worker: the items of its part and kind
+    last (in their order), so that every other kind of check runs before that kind can crash again."""
+    if crashed is None:
+        return pending
+    same = [it for it in pending if it.part is crashed.part and it.kind == crashed.kind]
+    return [it for it in pending if it not in same] + same
 
 def _step(item: Item) -> str:
     return {"example": "examples", "random": "random cases", "integrity": "integrity", "fresh": "integrity",

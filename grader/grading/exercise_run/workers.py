@@ -74,9 +74,14 @@ class Worker:
     """One worker process and its two pipes."""
 
     def __init__(self, settings: RunSettings, root: Path, scratch: Path, cache_dir: Path | None,
-                 extra_fields: dict, arbiter: GpuArbiter | None = None):
+                 extra_fields: dict, arbiter: GpuArbiter | None = None, *, compile_allowance_s: float | None = None):
         self.settings = settings
         self.extra_fields = extra_fields
+        # Triton compiling the student's kernels (the worker says when): not the call's time, up to this much
+        self.compile_allowance_s = settings.timeout_s if compile_allowance_s is None else compile_allowance_s
+        self.compile_s = 0.0  # compilations ended
+        self.compilations: list[tuple[str, float]] = []  # (what, seconds), each stretch of compiling
+        self._compiling: tuple[str, float] | None = None  # (what, since) while the worker compiles
         self.gate = arbiter.connect(f"the worker of {scratch.name}") if arbiter is not None else None
         gate_fds = self.gate.process_fds if self.gate is not None else ()
         req_r, self._req_w = os.pipe()
@@ -145,10 +150,20 @@ class Worker:
                     return
                 self.replied_at = time.monotonic()
                 try:
-                    self._replies.put(wire.decode(record, extra_fields=self.extra_fields))
+                    message = wire.decode(record, extra_fields=self.extra_fields)
                 except protocol.ProtocolError as exc:
                     self._replies.put(exc)
                     return
+                if isinstance(message, protocol.Compiling):
+                    self._compiling = (message.what, time.monotonic())
+                elif isinstance(message, protocol.Compiled):
+                    if self._compiling is not None:
+                        what, since = self._compiling
+                        self.compilations.append((what, time.monotonic() - since))
+                        self.compile_s += time.monotonic() - since
+                    self._compiling = None
+                else:
+                    self._replies.put(message)
 
     def _write(self) -> None:
         while (record := self._writes.get()) is not None:
@@ -167,18 +182,36 @@ class Worker:
         self._writes.put(wire.encode(message))
 
     def waited(self) -> float:
-        """Seconds this worker has spent waiting for the GPU (another process had it alone): not its own."""
-        return self.gate.waiting_now() if self.gate is not None else 0.0
+        """Seconds of this worker's that are not its calls': waiting for the GPU (another process had it alone), and
+        Triton compiling its kernels (up to :attr:`compile_allowance_s`)."""
+        gpu = self.gate.waiting_now() if self.gate is not None else 0.0
+        return gpu + min(self.compiling_s(), self.compile_allowance_s)
+
+    def compiling_s(self) -> float:
+        """Seconds Triton has compiled this worker's kernels so far, the compilation under way included."""
+        compiling = self._compiling
+        return self.compile_s + (time.monotonic() - compiling[1] if compiling is not None else 0.0)
+
+    def _compile_overrun(self) -> str | None:
+        """Why the compilation under way must stop: it has run past its own limit."""
+        compiling = self._compiling
+        if compiling is None or time.monotonic() - compiling[1] <= self.settings.compile_timeout_s:
+            return None
+        return (f"compiling {compiling[0]} took longer than the {self.settings.compile_timeout_s:g} s allowed for "
+                "one compilation (stopped; compiling is not counted in the call's time limit, but has a limit of its "
+                "own: a smaller block or fewer autotuning configurations compile faster)")
 
     def receive(self, deadline: float, limit_text: str):
         """The next reply; raises _Ended if the worker ends, sends garbage, or misses ``deadline`` (moved on by
         the time it waits for the GPU meanwhile)."""
         waited = self.waited()
         while True:
+            if (overrun := self._compile_overrun()) is not None:
+                raise Ended(overrun, self.stop(timed_out=True))
             left = deadline + self.waited() - waited - time.monotonic()
             if left > 0:
                 try:
-                    reply = self._replies.get(timeout=min(left, 1.0) if self.gate is not None else left)
+                    reply = self._replies.get(timeout=min(left, 1.0))  # limits move on while it waits or compiles
                     break
                 except queue.Empty:
                     continue

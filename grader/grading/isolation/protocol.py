@@ -168,6 +168,21 @@ class Poisoned:
 
 
 @dataclass(frozen=True)
+class Compiling:
+    """Triton started compiling the student's kernels (``what``: the kernel and its constants), in the middle of a
+    request: the call's clock stops until :class:`Compiled`; the compilation has a limit of its own."""
+
+    what: str
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """Every compilation under way has ended, after ``seconds``."""
+
+    seconds: float
+
+
+@dataclass(frozen=True)
 class NotImplementedYet:
     id: str
     message: str
@@ -183,5 +198,5 @@ class Raised:
 
 
 Reply = (Hello | Loaded | CaseDone | BadInputDone | ExtraDone | WarmedUp | SpeedDone | NotImplementedYet | Raised
-         | Poisoned | CompiledAhead)
+         | Poisoned | CompiledAhead | Compiling | Compiled)
 ItemReply = CaseDone | BadInputDone | ExtraDone | SpeedDone | NotImplementedYet | Raised

@@ -16,7 +16,9 @@ from grader.grading.isolation.protocol import (
     BadInputDone,
     CaseDone,
     CompileAhead,
+    Compiled,
     CompiledAhead,
+    Compiling,
     ExtraDone,
     Finish,
     Hello,
@@ -132,7 +134,7 @@ def encode(message: Request | Reply) -> dict[str, Any]:
             return {"type": "speed_done", "id": message.id, "gpu": str(m.gpu),
                     "benchmarks": [plain_data(b.to_dict()) for b in m.benchmarks],
                     "recheck": None if m.recheck is None else _execution_data(m.recheck),
-                    "tampered": [str(t) for t in m.tampered],
+                    "tampered": [str(t) for t in m.tampered], "recheck_repeats": bool(m.recheck_repeats),
                     "plans": {str(label): plan.to_dict() if isinstance(plan, LaunchPlan)
                               else {"not_replayable": str(plan)} for label, plan in m.plans.items()}}
         case WarmedUp():
@@ -142,6 +144,10 @@ def encode(message: Request | Reply) -> dict[str, Any]:
                     "error": None if message.error is None else str(message.error)}
         case Poisoned():
             return {"type": "poisoned", "why": str(message.why)}
+        case Compiling():
+            return {"type": "compiling", "what": str(message.what)}
+        case Compiled():
+            return {"type": "compiled", "seconds": float(message.seconds)}
         case NotImplementedYet():
             return {"type": "not_implemented", "id": message.id, "message": str(message.message)}
         case Raised():
@@ -337,7 +343,8 @@ def decode(data: Any, *, extra_fields: dict[str, dict[str, Any]] | None = None) 
                 benchmarks=[_benchmark(r, f"{what}: benchmark {i}") for i, r in enumerate(rows)],
                 recheck=None if recheck is None else _execution(recheck, f"{what}: recheck"),
                 tampered=_str_list(_get(data, "tampered", list, what), f"{what}: tampered"),
-                plans=_plans(data.get("plans", {}), what)))
+                plans=_plans(data.get("plans", {}), what),
+                recheck_repeats=_get(data, "recheck_repeats", bool, what)))
         case "warmed_up":
             return WarmedUp(_get(data, "id", str, what), _get(data, "error", (str, type(None)), what))
         case "compiled_ahead":
@@ -345,6 +352,10 @@ def decode(data: Any, *, extra_fields: dict[str, dict[str, Any]] | None = None) 
                                  _get(data, "error", (str, type(None)), what))
         case "poisoned":
             return Poisoned(_get(data, "why", str, what))
+        case "compiling":
+            return Compiling(_get(data, "what", str, what)[:500])
+        case "compiled":
+            return Compiled(_get(data, "seconds", float, what))
         case "not_implemented":
             return NotImplementedYet(_get(data, "id", str, what), _get(data, "message", str, what))
         case "raised":

@@ -35,12 +35,14 @@ def _limit(which: int, value: int | None) -> None:
 
 class _Watchdog:
     """faulthandler's timer for the request under way (it prints every stack and exits, even from a busy loop in
-    C); its clock stops while the process waits for the GPU (:class:`grader.checks.gpu_gate.Watch`)."""
+    C); its clock stops while the process waits for the GPU (:class:`grader.checks.gpu_gate.Watch`) or Triton
+    compiles (:mod:`.compile_clock`), and goes on when the last of those ends."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._deadline: float | None = None
-        self._waiting_since: float | None = None  # the process waits for the GPU
+        self._waiting_since: float | None = None  # the process waits for the GPU, or compiles
+        self._pauses = 0  # reasons to stop the clock under way
 
     def arm(self, seconds: float) -> None:
         with self._lock:
@@ -58,12 +60,16 @@ class _Watchdog:
 
     def pause(self) -> None:
         with self._lock:
+            self._pauses += 1
             if self._waiting_since is None:
                 self._waiting_since = time.monotonic()
                 faulthandler.cancel_dump_traceback_later()
 
     def resume(self) -> None:
         with self._lock:
+            self._pauses = max(0, self._pauses - 1)
+            if self._pauses:
+                return
             if self._waiting_since is not None and self._deadline is not None:
                 self._deadline += time.monotonic() - self._waiting_since
                 faulthandler.dump_traceback_later(max(0.001, self._deadline - time.monotonic()), exit=True,
@@ -170,8 +176,12 @@ def main(argv: list[str] | None = None) -> int:
 
     requests = os.fdopen(args.requests_fd, "rb", buffering=0)
 
+    sending = threading.Lock()  # compilations are told from the threads that compile
+
     def send(message) -> None:
-        write_record(args.fd, wire.encode(message))
+        record = wire.encode(message)
+        with sending:
+            write_record(args.fd, record)
 
     def receive():
         record = read_record(requests)
@@ -194,6 +204,17 @@ def main(argv: list[str] | None = None) -> int:
     if gate is not gpu_gate.NO_GATE:
         gpu_gate.install(gate)  # Triton's compilation never holds up another process's turn alone
     autotune.install(default=autotune.FIRST)  # correctness calls never time autotune candidates
+    from grader.grading.isolation import compile_clock
+
+    def compiling(what: str) -> None:
+        watchdog.pause()
+        send(p.Compiling(what))
+
+    def compiled(seconds: float) -> None:
+        send(p.Compiled(seconds))
+        watchdog.resume()
+
+    compile_clock.install(compile_clock.CompileClock(compiling, compiled))  # compiling is not the call's time
     if job.device == "cuda":
         from grader.checks import specialization
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from grader.checks import runtime
 from grader.checks.text import escape as _e
 from grader.grading.results import store
 from grader.grading.results.results import ExerciseResult, ungradable
@@ -54,7 +55,9 @@ class StudentReport:
 
     @property
     def graded_with(self) -> str:
-        return f"{self.device}, {self.sandbox}" if self.sandbox else self.device
+        note = runtime.version_note(self.device)  # the Triton the workers ran, as the device's description names it
+        where = f"{self.device}, {self.sandbox}" if self.sandbox else self.device
+        return f"{where} (note: {note})" if note else where
 
     @property
     def score(self) -> float:
@@ -120,6 +123,9 @@ def gradescope(report: StudentReport) -> dict[str, Any]:
         if result.problems:
             tests.append({"name": f"{score.exercise}: problems while grading", "score": 0.0, "max_score": 0.0,
                           "status": "failed", "output": "\n\n".join(result.problems), "visibility": "visible"})
+        if result.notes:
+            tests.append({"name": f"{score.exercise}: notes", "output": "\n".join(result.notes),
+                          "visibility": "visible"})
     output = [f"Graded with {report.graded_with}."] + [f"Submission problem: {p}" for p in report.problems]
     if note := unavailable_note(report):
         output.append(note)
@@ -199,6 +205,8 @@ def markdown(report: StudentReport) -> str:
                 out += ["", f"{part.name}: speed {part.speed.message}"]
         if result.problems:
             out += ["", "**Problems while grading:**", "", _fence("\n\n".join(result.problems))]
+        if result.notes:
+            out += ["", "**Notes:**", "", *(f"- {n}" for n in result.notes)]
         out += ["", f"_{score.exercise} took {result.elapsed_s:.1f} s{ran_on(result)}._"]
     return "\n".join(out) + "\n"
 
@@ -331,6 +339,8 @@ def render_html(report: StudentReport) -> str:
         if result.problems:
             h.append('<h3>Problems while grading</h3><pre class="problem">'
                      f"{_e(chr(10).join(p + chr(10) for p in result.problems))}</pre>")
+        if result.notes:
+            h.append("<h3>Notes</h3><ul>" + "".join(f"<li>{_e(n)}</li>" for n in result.notes) + "</ul>")
         h.append(f'<p class="meta">{_e(score.exercise)} took {result.elapsed_s:.1f} s{_e(ran_on(result))}.</p>'
                  "</section>")
     h.append("</body></html>")

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from grader.checks.compare import HINT_SUPPORT, hint_kind, layout_hint
+from grader.checks.compare import HINT_SUPPORT, hint_kind, layout_hint, supported_hints
 from grader.speed import credit
 from grader.speed.credit import NOT_GRADED, BenchmarkCredit
 
@@ -164,12 +164,12 @@ class PartResult:
     def common_hint(self) -> tuple[str, int, int] | None:
         """The hint the failing checks point to, with how many give that kind of hint, of how many failed: the
         kind most of them give, told only where at least a third do (one odd case is no pattern); its text is the
-        smallest failing check's."""
+        smallest failing check's. A hint the other failing checks refute does not count."""
         failing = sorted((c for c in self.correctness if c.status == FAILED),
                          key=lambda c: (c.size is None, c.size or 0))
         by_kind: dict[str, list[str]] = {}
-        for check in failing:
-            for kind, text in {hint_kind(h): h for h in check.hints()}.items():
+        for hints in supported_hints([check.hints() for check in failing]):
+            for kind, text in {hint_kind(h): h for h in hints}.items():
                 if kind is not None:
                     by_kind.setdefault(kind, []).append(text)
         if not by_kind:
@@ -207,6 +207,7 @@ class ExerciseResult:
     message: str = ""
     parts: list[PartResult] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # crashes, time-outs, malformed results
+    notes: list[str] = field(default_factory=list)  # for the student, not failures (a long compilation)
     grader_errors: list[GraderError] = field(default_factory=list)  # not tied to one part
     log: str = ""  # the worker's captured stdout/stderr
     elapsed_s: float = 0.0
