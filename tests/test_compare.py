@@ -1,7 +1,9 @@
 """How a mismatch is explained: counts in plain English, "never written" only for memory no kernel wrote (on a
 CPU and a GPU alike: a NaN the kernel computed is a NaN), and hints where the shape of the errors suggests a
-cause — small errors everywhere (formula, constant, precision), errors from a block boundary on (mask, grid),
-failures only on non-contiguous inputs (strides), the last in pytest and in the grader's reports."""
+cause — each row off by a factor of its own (the row's reduction: padding where the row needs it), small errors
+everywhere (formula, constant, precision; a mask ruled out only where no size needs one), errors from a block
+boundary on (mask, grid), failures only on non-contiguous inputs (strides), the last in pytest and in the grader's
+reports. A single failing check carries the hint its own errors support."""
 
 from __future__ import annotations
 
@@ -268,3 +270,88 @@ def test_the_first_pass_finds_a_mismatch_in_the_last_slice(monkeypatch):
     got[-1] = 1.0
     assert not compare._all_close(got, expected, TOL)
     assert "1 of 1000 elements differs" in _message(got, expected)
+
+
+def _softmax_padded_with_zeros(x: torch.Tensor, block: int) -> torch.Tensor:
+    """Softmax of each row as a kernel computes it when its masked lanes load 0.0 instead of -inf: the padding
+    adds exp(0 - max) to every row's sum."""
+    padded = torch.cat([x, torch.zeros(*x.shape[:-1], block - x.shape[-1], dtype=x.dtype)], dim=-1)
+    num = torch.exp(padded - padded.amax(dim=-1, keepdim=True))
+    return (num / num.sum(dim=-1, keepdim=True))[..., :x.shape[-1]]
+
+
+SOFTMAX_TOL = Tolerance(torch.float32, 1e-6, 1e-5)  # the softmax exercise's float32 tolerance
+
+
+def test_a_row_scaled_by_its_padding_gets_the_mask_hint_and_never_the_formula_one():
+    """Softmax whose masked lanes load 0.0: each row is off by a factor of its own (1.5% here, 15% on the 3-element
+    row hypothesis shrinks to). The hint names the padding, never a formula, and rules no mask out. One factor
+    shared by every row, or a constant a formula writes, is no padding."""
+    x = torch.randn(5, 1000, generator=tensors.generator(6), dtype=torch.float64)
+    got, expected = _softmax_padded_with_zeros(x, 1024).float(), torch.softmax(x, -1)
+    for evidence in ({}, {"sizes": (5, 1000)}):  # without the case's sizes, and with them
+        message = compare.compare("y", got, expected, SOFTMAX_TOL, **evidence).message
+        hint = message.split("hint: ", 1)[1]
+        assert compare.hint_kind(hint) == "boundary" and "pads it with masked lanes" in hint and "other=" in hint
+        assert "slightly wrong formula" not in message and "not of a wrong index or mask" not in message
+    short = torch.randn(3, generator=tensors.generator(7), dtype=torch.float64)
+    message = compare.compare("y", _softmax_padded_with_zeros(short, 4).float(), torch.softmax(short, -1),
+                              SOFTMAX_TOL).message
+    assert "all 3 elements are the expected ones times one factor" in message
+    assert compare.hint_kind(message.split("hint: ", 1)[1]) == "boundary"
+
+    e = torch.rand(4, 1000, generator=tensors.generator(8), dtype=torch.float64) + 0.5
+    assert "masked lanes" not in _message((e * 1.4426950408889634).float(), e)  # log2 for ln, in every row
+    assert "hint" not in _message((e[0] * 0.5).float(), e[0])  # a missing 0.5, on a single row
+
+
+def test_rows_that_need_no_padding_refute_the_padding_explanation():
+    """RMSNorm with eps outside the square root scales each row by a factor of its own, on rows of every length:
+    rows of 256 (no padding) failing like rows of 768 show that the padding is not the cause."""
+    def rms_eps_outside(rows: int, n: int, seed: int) -> str:
+        x = 1e-3 * torch.randn(rows, n, generator=tensors.generator(seed), dtype=torch.float64)
+        ms = x.pow(2).mean(-1, keepdim=True)
+        return _message((x / (ms.sqrt() + 1e-6)).float(), x / (ms + 1e-6).sqrt()).split("hint: ", 1)[1]
+
+    padded, unpadded = rms_eps_outside(8, 768, 9), rms_eps_outside(8, 256, 10)
+    assert compare.hint_kind(padded) == "boundary" and "look at the normalizer's formula instead" in padded
+    assert compare.hint_kind(unpadded) == "formula" and "a block of its length masks nothing" in unpadded
+    checks = [CheckResult(f"forward.random[{i}]", "random", "c", "failed", f"y: wrong\n  hint: {h}", size=i)
+              for i, h in enumerate([padded, padded, unpadded])]
+    common = PartResult("forward", "graded", checks=checks).common_hint()
+    assert common is not None and compare.hint_kind(common[0]) == "formula" and common[1:] == (1, 3)
+    assert compare.supported_hints([[padded], [padded]]) == [[padded], [padded]]  # nothing refutes them
+
+
+def test_the_formula_hint_rules_out_a_mask_only_where_no_size_needs_one():
+    def erf_hint(shape: tuple[int, ...], **sizes) -> str:
+        x = torch.randn(shape, generator=tensors.generator(11), dtype=torch.float64)
+        exact = 0.5 * x * (1 + torch.erf(x / math.sqrt(2)))
+        mismatch = compare.compare("y", exact.float(), _gelu_tanh(x), TOL, **sizes)
+        return mismatch.message.split("hint: ", 1)[1]
+
+    hint = erf_hint((1021,))  # no sizes: no evidence about masks either way
+    assert compare.hint_kind(hint) == "formula" and "not of a wrong index or mask" not in hint
+    for hint in (erf_hint((1021,), sizes=(1021,)), erf_hint((4, 256), sizes=(4, 256))):
+        assert compare.hint_kind(hint) == "formula" and "not of a wrong index or mask" not in hint
+    assert "a size of 1021 leaves masked lanes" in erf_hint((1021,), sizes=(1021,))
+    ruled_out = erf_hint((64, 256), sizes=(64, 256))
+    assert "not of a wrong index or mask: every size of this case is a power of two of at least 16" in ruled_out
+
+
+def test_a_single_failing_check_carries_the_hint_its_own_errors_support():
+    """What ``pytest -x`` shows first: the first failing example, one check on its own."""
+    x = torch.tensor([1.3], dtype=torch.float64)
+    one = _message((0.5 * x * (1 + torch.erf(x / math.sqrt(2)))).float(), _gelu_tanh(x))  # erf GeLU, one element
+    assert "1 of 1 element differs" in one and "hint: the errors are small" in one
+    assert compare.hint_kind(one.split("hint: ", 1)[1]) == "formula"
+    device = configure().device
+    for fixture_id, kind in (("gelu/erf", "formula"), ("softmax/other_zero", "boundary")):
+        fixture = next(f for f in known_wrong.discover() if f.id == fixture_id)
+        exercise = exercises.get(fixture.exercise)
+        part = exercise.parts[0]
+        module = loader.load(known_wrong.tree_or_fail(fixture), exercise, part.functions)
+        first = next(v for c in part.examples if part.skip(c, device) is None
+                     if not (v := verdicts.run_case(part, module, c, device)).passed)
+        hints = CheckResult("forward.examples[0]", "example", "first", "failed", first.message).hints()
+        assert [compare.hint_kind(h) for h in hints] == [kind], first.message

@@ -237,6 +237,22 @@ def test_a_mismatch_costs_the_speed_credit_with_a_flag(monkeypatch):
     assert "did not compute the function" in state.speed.message
 
 
+def test_a_replay_that_is_wrong_like_the_students_own_call_is_a_wrong_result_not_a_flag():
+    """The replay's mismatch is evidence against the replay only when the student's own call on fresh inputs (the
+    recheck) is right: a kernel that is merely wrong is wrong replayed too, and earns no speed credit, unflagged."""
+    from grader.speed import credit
+    from tests.test_speed_trust import PART, _measurement, _thresholds
+
+    measurement = _measurement(0.094, 0.0937)
+    measurement.mismatches = ["fp32-4096x8192: output 'lse': dtype torch.bfloat16, expected torch.float32"]
+    wrong = credit.Verdict(False, "on fresh inputs after the timed runs, lse: dtype torch.bfloat16")
+    verdict = credit.judge(PART, measurement, recheck=wrong, thresholds=_thresholds(), require_calibration=False)
+    assert verdict.flags == [] and verdict.fraction == 0.0 and "lse: dtype" in verdict.message
+    right = credit.judge(PART, measurement, recheck=credit.Verdict(True), thresholds=_thresholds(),
+                         require_calibration=False)
+    assert [rule for rule, _ in right.flags] == [trusted.REPLAY_MISMATCH]
+
+
 def test_a_timer_fault_makes_the_speed_wait_for_a_regrade(monkeypatch):
     from tests.test_speed_trust import _judge_speed, _measurement, _thresholds
 

@@ -3,14 +3,18 @@
 The report gives the mismatch count, max abs/rel error, the first bad indices with got/expected,
 NaN/inf mismatches separately from ordinary ones, elements that still hold the never-written pattern
 (:data:`grader.checks.tensors.UNWRITTEN_BITS`: no kernel wrote them), and a hint where the shape of the
-errors suggests a cause: small errors everywhere (a formula, a constant or too little precision), errors
-only from a block boundary on (a mask or the grid). :func:`layout_hint` does the same across the cases of
-a part: failures only where an input is non-contiguous (strides).
+errors suggests a cause: every element of a row off by one factor (the row's reduction: masked padding
+lanes leaking into it where the row needs padding), small errors everywhere (a formula, a constant or too
+little precision), errors only from a block boundary on (a mask or the grid). A hint rules a cause out only
+where the case itself is evidence against it. :func:`layout_hint` does the same across the cases of a part:
+failures only where an input is non-contiguous (strides); :func:`supported_hints` drops a check's hint that
+the part's other failing checks refute.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -43,8 +47,10 @@ def unwritten_mask(got: torch.Tensor) -> torch.Tensor | None:
     return tensors.unwritten_mask(got)
 
 
-def compare(name: str, got: torch.Tensor, expected: torch.Tensor, tol: Tolerance) -> Mismatch | None:
-    """None if ``got`` matches ``expected`` (float64) within ``tol``, else an explanation."""
+def compare(name: str, got: torch.Tensor, expected: torch.Tensor, tol: Tolerance, *,
+            sizes: Collection[int] = ()) -> Mismatch | None:
+    """None if ``got`` matches ``expected`` (float64) within ``tol``, else an explanation. ``sizes``: every dimension
+    of the case's tensor inputs, the evidence a hint needs to say that no lane was masked."""
     got = got.detach().cpu()
     if tuple(got.shape) != tuple(expected.shape):
         return Mismatch(name, f"{name}: shape {tuple(got.shape)}, expected {tuple(expected.shape)}")
@@ -99,7 +105,9 @@ def compare(name: str, got: torch.Tensor, expected: torch.Tensor, tol: Tolerance
     for index in bad.nonzero()[:MAX_LISTED].tolist():
         idx = tuple(index)
         lines.append(f"    {idx}: {float(g[idx]):.6g} vs {float(e[idx]):.6g}")
-    hint = _small_error_hint(bad, bad_finite, max_abs, e, finite) or _boundary_hint(bad)
+    hint = (_row_factor_hint(g, e, bad, bad_finite, finite, tol)
+            or _small_error_hint(bad, bad_finite, max_abs, e, finite, sizes)
+            or _boundary_hint(bad))
     if hint:
         lines.append(f"  hint: {hint}")
     return Mismatch(name, "\n".join(lines))
@@ -121,19 +129,100 @@ def _all_close(got: torch.Tensor, expected: torch.Tensor, tol: Tolerance) -> boo
     return True
 
 
+# Phrases of the row-factor hints: the reports tell their kinds apart by them (HINT_KINDS), and a factor on rows that
+# need no padding refutes the padding explanation of the same factor elsewhere (supported_hints).
+PADDED_ROWS = "pads it with masked lanes"
+UNPADDED_ROWS = "so a block of its length masks nothing"
+
+
+def _is_power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def _formula_constant(factor: float) -> bool:
+    """A factor a formula writes — a power of two times 1, ln 2, √2 or π, or their inverses (a missing 0.5, log2
+    for ln) — to within 0.07%: a sum over data lands on one only by chance."""
+    return any(abs(r - round(r)) < 1e-3 for k in (1.0, math.log(2), math.sqrt(2), math.pi)
+               for r in (math.log2(factor * k), math.log2(factor / k)))
+
+
+def _row_factor_hint(g: torch.Tensor, e: torch.Tensor, bad: torch.Tensor, bad_finite: torch.Tensor,
+                     finite: torch.Tensor, tol: Tolerance) -> str | None:
+    """Every wrong row (last dimension) is ``expected`` times one factor of its own: something the whole row shares —
+    its max, its sum, its mean — is off. That is what masked lanes that leak into the row's reduction give (softmax
+    padding loaded as 0 instead of -inf adds exp(0 - max) to every row's sum), and only on rows that need padding; a
+    normalizer's formula (where eps goes) gives it on every row. One factor shared by several rows is a constant of the
+    formula instead: no hint here. Unlike the small-error hint this one needs no size limit: a padding leak can be
+    large."""
+    length = g.shape[-1] if g.dim() else 1
+    if length < 2:
+        return None
+    wrong_rows = bad_finite.reshape(-1, length).any(dim=1)
+    if not bool(wrong_rows.any()) or bool((bad & ~bad_finite).reshape(-1, length)[wrong_rows].any()):
+        return None  # a NaN or infinity that does not match is no factor
+    fin = finite.reshape(-1, length)[wrong_rows]
+    got = torch.where(fin, g.reshape(-1, length)[wrong_rows], 0.0)
+    exp = torch.where(fin, e.reshape(-1, length)[wrong_rows], 0.0)
+    bound = tol.atol + tol.rtol * exp.abs()
+    informative = (exp.abs() > bound).sum(dim=1) >= 2  # a factor measured on one value alone shows nothing
+    if not bool(informative.any()):
+        return None
+    factors = (got * exp).sum(dim=1) / (exp * exp).sum(dim=1).clamp_min(torch.finfo(torch.float64).tiny)
+    if not bool((factors > 0).all()) or not bool(((got - factors[:, None] * exp).abs() <= bound).all()):
+        return None
+    got, exp, bound, factors = got[informative], exp[informative], bound[informative], factors[informative]
+    one_row = bad.numel() == length
+    if not one_row:
+        if len(factors) < 2:
+            return None  # one wrong row of many: no pattern
+        common = float((got * exp).sum() / (exp * exp).sum())
+        if bool(((got - common * exp).abs() <= bound).all()):
+            return None  # the same factor in every row: a constant, which the factor alone does not name
+        seen = (f"each wrong row is the expected row times a factor of its own ({float(factors[0]):.3g} in the first, "
+                f"{float(factors[1]):.3g} in the next): what a row shares — its max, sum or mean, or the normalizer "
+                "made of them — is off")
+    elif _formula_constant(float(factors[0])):
+        return None  # a constant of the formula, not something the row's data sums to: not this hint
+    else:
+        seen = (f"all {length} elements are the expected ones times one factor ({float(factors[0]):.3g}): what they "
+                "share — the row's max, sum or mean, the normalizer made of them, or a constant of the formula — is "
+                "off")
+    if _is_power_of_two(length):
+        return (f"{seen}. A row of {length} is a power of two, {UNPADDED_ROWS}: look at the normalizer's formula "
+                "(where eps goes, the count a mean divides by) — or, with a block longer than the row, at what the "
+                "masked loads fill in (other=)")
+    return (f"{seen}. A row of {length} is not a power of two, so a power-of-two block {PADDED_ROWS}: what the "
+            "masked loads fill in (other=) must leave the reduction unchanged (-inf for a max or a sum of "
+            "exponentials, 0 for a plain sum), and a mean divides by the row length, not the block. If rows whose "
+            "length is a power of two fail the same way, look at the normalizer's formula instead (where eps goes)")
+
+
 def _small_error_hint(bad: torch.Tensor, bad_finite: torch.Tensor, max_abs: float, e: torch.Tensor,
-                      finite: torch.Tensor) -> str | None:
-    """Every mismatch finite and small next to the values, and many of them: the math is slightly off."""
+                      finite: torch.Tensor, sizes: Collection[int]) -> str | None:
+    """Every mismatch finite and small next to the values, and many of them (or the only element): the math is
+    slightly off. A mask is ruled out only where no size of the case needs one."""
     n_bad = int(bad.sum())
-    if n_bad < 2 or n_bad < SPREAD_FRACTION * bad.numel() or int(bad_finite.sum()) != n_bad:
+    whole = n_bad == bad.numel()  # a one-element output: its one error is all the evidence there is
+    if (not whole and (n_bad < 2 or n_bad < SPREAD_FRACTION * bad.numel())) or int(bad_finite.sum()) != n_bad:
         return None
     scale = float(e.abs()[finite].max()) if bool(finite.any()) else 0.0
     if scale <= 0 or max_abs > SMALL_ERROR * scale:
         return None
-    return (f"the errors are small (at most {100 * max_abs / scale:.2g}% of the largest expected value) and spread "
-            "over many elements — the signature of a slightly wrong formula or constant (another approximation, "
-            "a coefficient, where eps goes) or of too little precision (accumulate in float32), not of a wrong "
-            "index or mask")
+    where = "cover the whole output (one element)" if bad.numel() == 1 else "spread over many elements"
+    hint = (f"the errors are small (at most {100 * max_abs / scale:.2g}% of the largest expected value) and {where} "
+            "— the signature of a slightly wrong formula or constant (another approximation, a coefficient, where "
+            "eps goes) or of too little precision (accumulate in float32)")
+    # A wrong index reads values from elsewhere, which are not close; a mask changes values only where a block pads a
+    # size — and then every output of a sum over that size can be slightly off, as here. So a mask is ruled out only
+    # where no size is padded by a power-of-two block of at least MIN_BLOCK (none longer than the size).
+    padded = next((n for n in sizes if not (_is_power_of_two(n) and n >= MIN_BLOCK)), None)
+    if padded is not None:
+        hint += (f" — or, as a size of {padded} leaves masked lanes in a power-of-two block ({MIN_BLOCK} or more), "
+                 "of a masked load letting wrong values into a sum")
+    elif sizes:
+        hint += (f", not of a wrong index or mask: every size of this case is a power of two of at least {MIN_BLOCK}, "
+                 "which a power-of-two block no longer than it divides")
+    return hint
 
 
 def _boundary_hint(bad: torch.Tensor) -> str | None:
@@ -160,7 +249,9 @@ def _boundary_hint(bad: torch.Tensor) -> str | None:
 
 HINT_KINDS = {  # a phrase each kind of hint says, and its kind (reports group the hints of a part's checks by kind)
     "slightly wrong formula": "formula",
+    UNPADDED_ROWS: "formula",
     "a block boundary": "boundary",
+    PADDED_ROWS: "boundary",
     "non-contiguous input": "layout",
 }
 HINT_SUPPORT = 1 / 3  # a part's hint is told only when at least this share of its failing checks give it
@@ -168,6 +259,14 @@ HINT_SUPPORT = 1 / 3  # a part's hint is told only when at least this share of i
 
 def hint_kind(hint: str) -> str | None:
     return next((kind for phrase, kind in HINT_KINDS.items() if phrase in hint), None)
+
+
+def supported_hints(hints: list[list[str]]) -> list[list[str]]:
+    """The hints of a part's failing checks (one list per check) less those the other checks refute: a row factor put
+    down to masked padding lanes is not the padding where rows that need no padding show a row factor too."""
+    if not any(UNPADDED_ROWS in h for check in hints for h in check):
+        return hints
+    return [[h for h in check if PADDED_ROWS not in h] for check in hints]
 
 
 def inputs_contiguous(inputs: Inputs) -> bool:

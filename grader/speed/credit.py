@@ -393,6 +393,8 @@ def judge(part: Part, measurement: SpeedMeasurement, *, recheck: Verdict, thresh
     show the credit against the calibrated GPUs' ratios instead. ``roofline``: the roofs to rate against
     (default: those measured when the GPU was calibrated)."""
     flags = distrust(part, measurement, thresholds)
+    if not recheck.passed:  # the student's own call is wrong too: a wrong result (no credit below), not a forgery
+        flags = [(rule, message) for rule, message in flags if rule != REPLAY_MISMATCH]
     if flags:
         return SpeedVerdict(FLAGGED, "speed: no credit — the measurement cannot be trusted: "
                             + "; ".join(message for _, message in flags), 0.0, flags=flags)
