@@ -246,3 +246,24 @@ def test_the_note_and_the_refusal_reach_the_report_and_grader_status(tmp_path):
     ungradable = status_mod.collect(out)["ungradable"]
     assert ungradable["ivan"].startswith(note + "; ivan: no exercise module found")
     assert ungradable["jane"].startswith(limit)
+
+
+def test_grader_submit_leaves_out_of_an_upload_what_the_grader_would_leave_out(tmp_path):
+    """A student's whole clone fits the server's upload limit: the client zips the kernels, not the environment."""
+    import io
+    import zipfile
+
+    from grader.serve import client
+
+    clone = tmp_path / "clone"
+    (clone / "gelu").mkdir(parents=True)
+    (clone / "gelu" / "gelu.py").write_text("def gelu(x):\n    return x\n")
+    (clone / "myenv" / "lib").mkdir(parents=True)
+    (clone / "myenv" / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (clone / "myenv" / "lib" / "torch.so").write_bytes(b"\0" * 10)
+    (clone / "node_modules").mkdir()
+    (clone / "node_modules" / "x.js").write_text("x")
+    with open(clone / "data.bin", "wb") as big:
+        big.truncate(70 << 20)  # sparse: over the server's 64 MB alone
+    names = zipfile.ZipFile(io.BytesIO(client.zip_folder(clone))).namelist()
+    assert names == ["clone/gelu/gelu.py"]

@@ -15,7 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SKIPPED = {"__pycache__", ".git", ".ipynb_checkpoints", ".hypothesis", ".pytest_cache", ".venv", ".benchmarks"}
+# Left out of an upload, as the grader leaves them out of a submission (grader/grading/batch/skipping.py, which a
+# student release does not ship): caches, virtual environments, installed packages, build output, large files.
+SKIPPED = {"__pycache__", ".git", ".ipynb_checkpoints", ".hypothesis", ".pytest_cache", ".venv", ".benchmarks",
+           "venv", "node_modules", "site-packages", "build", "dist", "__MACOSX"}
+MAX_FILE_BYTES = 1 << 20  # a file larger than this that is not Python source is no hand-written kernel
 MAX_ZIP_BYTES = 64 << 20  # the server's limit: refused here before anything is sent
 
 
@@ -75,10 +79,13 @@ def zip_folder(folder: Path) -> bytes:
     """A folder as a zip (regular files only: links and caches are left out, as the grader would)."""
     buffer = io.BytesIO()
     size = 0
+    venvs = {p.parent for p in folder.rglob("pyvenv.cfg")}  # a virtual environment of any name
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as zf:
         for path in sorted(folder.rglob("*")):
             rel = path.relative_to(folder)
-            if any(part in SKIPPED for part in rel.parts) or path.is_symlink() or not path.is_file():
+            if (any(part in SKIPPED or part.endswith(".egg-info") for part in rel.parts) or path.is_symlink()
+                    or not path.is_file() or any(v in path.parents for v in venvs)
+                    or (path.suffix != ".py" and path.stat().st_size > MAX_FILE_BYTES)):
                 continue
             size += path.stat().st_size
             if size > MAX_ZIP_BYTES:

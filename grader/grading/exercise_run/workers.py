@@ -148,7 +148,6 @@ class Worker:
                 if record is None:
                     self._replies.put(None)
                     return
-                self.replied_at = time.monotonic()
                 try:
                     message = wire.decode(record, extra_fields=self.extra_fields)
                 except protocol.ProtocolError as exc:
@@ -163,6 +162,7 @@ class Worker:
                         self.compile_s += time.monotonic() - since
                     self._compiling = None
                 else:
+                    self.replied_at = time.monotonic()
                     self._replies.put(message)
 
     def _write(self) -> None:
