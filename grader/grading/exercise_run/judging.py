@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from grader.checks import compare, integrity, tensors, verdicts
+from grader.checks import compare, integrity, interpreter_limits, tensors, verdicts
 from grader.checks.execute import Execution
 from grader.checks.spec import Case, Exercise, Inputs, Part
 from grader.grading.exercise_run.plan import Item
@@ -305,8 +305,12 @@ class ExerciseJudge:
                 state.flag(flag, case)
             state.integrity_ran = True
         if not state.integrity_ran:
+            why = f"{part.functions[0]} could not be checked: no call returned normally"
+            if any(interpreter_limits.mentions_limit(c.message) for c in result.checks):
+                why += (" — the calls failed on a limit of the Triton interpreter (see the failing checks' notes); "
+                        "on a GPU they may run")
             result.checks.append(CheckResult(f"{part.name}.integrity[unchecked]", "integrity", "integrity", FAILED,
-                                             f"{part.functions[0]} could not be checked: no call returned normally"))
+                                             why))
         result.flags = list(state.flags.values())
         speed_item = next((it for it in items if it.role == "speed"), None)
         if state.speed is not None:
