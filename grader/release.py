@@ -46,6 +46,9 @@ SERVE_CLIENT = ("__init__.py", "client.py", "submit_cli.py", "results_cli.py")
 STAFF_ONLY = ("grader/grading", "grader/release.py", "grader/speed/calibrate.py",
               *sorted(f"grader/serve/{p.name}" for p in (Path(__file__).resolve().parent / "serve").glob("*.py")
                       if p.name not in SERVE_CLIENT))
+# How students set up the course's pinned environment: natively on Linux, in the container on macOS and Windows.
+STUDENT_ENVIRONMENT = ("scripts/bootstrap.sh", ".ci/constraints.txt", "Dockerfile", ".dockerignore",
+                       ".devcontainer/devcontainer.json", "docs/student-environment.md")
 _SKIP_NAMES = {"__pycache__", ".pytest_cache", ".hypothesis", ".benchmarks", ".ipynb_checkpoints"}
 MIN_AUDIT_LINE = 24  # shorter lines (imports, "return y") are not evidence of a leak
 
@@ -145,7 +148,7 @@ def build(out: Path, *, notebooks: bool = False, repo: Path = REPO, self_check: 
     out.mkdir(parents=True, exist_ok=True)
     written = _extract(archive, out)
     written += _copy_tree(repo / "grader", out / "grader", skip=tuple(repo / s for s in STAFF_ONLY))
-    for rel in ("scripts/bootstrap.sh", ".ci/constraints.txt"):
+    for rel in STUDENT_ENVIRONMENT:
         if (repo / rel).is_file():
             (out / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(repo / rel, out / rel)
@@ -367,6 +370,10 @@ and its tests. The tests run on a GPU, or on any CPU through the Triton interpre
     bash scripts/bootstrap.sh        # creates .venv (on a machine without a GPU, first:
                                      # export TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu")
     source .venv/bin/activate
+
+It installs the Triton the course grades with (the versions are in `.ci/constraints.txt`). Triton runs on Linux
+only: on macOS or Windows, use the course's container (`Dockerfile`, or `.devcontainer/` in VS Code or GitHub
+Codespaces); `docs/student-environment.md` says how.
 
 ## Work
 

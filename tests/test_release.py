@@ -11,6 +11,7 @@ the release leaves out).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -48,8 +49,13 @@ def test_release_holds_what_students_need(release):
         assert (release / "notebooks" / f"{exercise.name}.ipynb").is_file()
     for rel in ("grader/pytest_plugin/plugin.py", "grader/checks/verdicts.py", "grader/exercises/gelu.py",
                 "pyproject.toml", "README.md",
-                "scripts/bootstrap.sh"):
+                "scripts/bootstrap.sh", "Dockerfile", ".devcontainer/devcontainer.json",
+                "docs/student-environment.md"):
         assert (release / rel).is_file(), rel
+    named = {doc for handout in (release / "assignments").glob("*/README.md")  # where the handouts send students
+             for doc in re.findall(r"`(docs/[\w.-]+\.md)`", handout.read_text())}
+    assert "docs/student-environment.md" in named
+    assert all((release / doc).is_file() for doc in named), named
     assert 'testpaths = ["assignments"]' in (release / "pyproject.toml").read_text()
     assert not (release / ".benchmarks").exists()  # the self-check's pytest run leaves nothing behind
 
