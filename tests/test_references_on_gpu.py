@@ -124,6 +124,28 @@ def test_a_gpu_its_runs_leave_no_room_on_keeps_the_references_on_the_cpu(monkeyp
     assert "stay on the CPU" in capsys.readouterr().err
 
 
+def test_the_graders_memory_cap_holds_for_a_reference_and_is_lifted_after_it(monkeypatch):
+    """The cap is the whole process's: left in force, it would hold every later user of that GPU in the process (a
+    test, another part's baseline) to the grader's 4 GiB."""
+    import contextlib
+
+    from grader.checks import gpu_gate
+
+    events = []
+    refs = GpuReferences(0, GpuArbiter(), runs=1)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda device: type("Props", (), {"total_memory": 100 << 30})())
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, device: events.append(f"cap {f}"))
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(refs._arbiter, "connect_here", lambda *a, **k: gpu_gate.NO_GATE)
+    part = _part(lambda inputs: events.append("reference") or {"y": torch.zeros(1)})
+    refs.compute(part, {})
+    failing = _part(lambda inputs: (events.append("reference"), (_ for _ in ()).throw(torch.cuda.OutOfMemoryError())))
+    with contextlib.suppress(Exception):
+        refs.compute(failing, {})  # the CPU computes it again, and fails the same way: the cap is lifted anyway
+    assert events == ["cap 0.04", "reference", "cap 1.0", "cap 0.04", "reference", "cap 1.0", "reference"]
+
+
 def test_a_gpu_slot_has_one_reference_device_shared_by_its_runs_and_a_cpu_slot_none():
     gpu = Slot("cuda:0", {"kind": "cuda", "index": 0})
     assert gpu_references.for_slot(gpu) is gpu_references.for_slot(gpu) is gpu_references.of(gpu.arbiter)

@@ -8,7 +8,9 @@ cores the workers need to compile the student's kernels; on the GPU about 100 s 
 through the slot's arbiter like a worker (:meth:`GpuArbiter.connect_here`): it shares the GPU with the runs on it
 and pauses, as they do, while a trusted timer or an autotuner has it alone.
 
-Its memory is capped (enforced by PyTorch's allocator) at :data:`MEMORY_CAP_BYTES`, or at what the GPU has beside
+Its memory is capped (enforced by PyTorch's allocator, for the time of each reference only: the cap is the process's,
+and whatever else the process runs on that GPU afterwards gets the whole of it back) at :data:`MEMORY_CAP_BYTES`, or
+at what the GPU has beside
 the runs it holds (:data:`~grader.grading.exercise_run.slots.GIB_PER_RUN` each) and the grader's own CUDA context,
 whichever is less: it never takes what the runs were given, and where they leave too little it computes nothing
 there. A reference that does not fit is computed on the CPU; so is every later one once the grader's own CUDA
@@ -80,11 +82,16 @@ class GpuReferences:
 
     def _on_gpu(self, part: Part, inputs: Inputs) -> dict[str, Any]:
         gate = self._connect()
+        total = torch.cuda.get_device_properties(self.device).total_memory
         with gate.use(), torch.cuda.device(self.device):
-            moved = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
-            expected = part.reference(moved)
-            # .cpu() waits for the GPU: nothing of the grader's runs there once use() ends
-            return {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in expected.items()}
+            torch.cuda.set_per_process_memory_fraction(self.cap_bytes / total, self.device)
+            try:
+                moved = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+                expected = part.reference(moved)
+                # .cpu() waits for the GPU: nothing of the grader's runs there once use() ends
+                return {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in expected.items()}
+            finally:
+                torch.cuda.set_per_process_memory_fraction(1.0, self.device)
 
     def _connect(self) -> Gate:
         if self._gate is None:
@@ -93,7 +100,6 @@ class GpuReferences:
             if self.cap_bytes < MIN_CAP_BYTES:
                 raise NoRoom(f"{total / 2**30:.0f} GiB hold {self._runs} run(s) of {GIB_PER_RUN} GiB and leave "
                              "the grader too little")
-            torch.cuda.set_per_process_memory_fraction(self.cap_bytes / total, self.device)
             self._gate = self._arbiter.connect_here("the grader's references",
                                                     synchronize=lambda: torch.cuda.synchronize(self.device))
         return self._gate
