@@ -355,3 +355,21 @@ def test_a_single_failing_check_carries_the_hint_its_own_errors_support():
                      if not (v := verdicts.run_case(part, module, c, device)).passed)
         hints = CheckResult("forward.examples[0]", "example", "first", "failed", first.message).hints()
         assert [compare.hint_kind(h) for h in hints] == [kind], first.message
+
+
+def test_a_row_factor_on_rows_of_a_power_of_two_blames_no_formula_where_another_size_is_padded():
+    """Attention's output rows are the head dimension (16: a power of two), but its reduction runs over the keys: a
+    padded key tile that enters the softmax scales every row by a factor of its own. With one key (a size a
+    power-of-two block pads), the formula hint would send the student after the wrong bug; no hint is told."""
+    gen = tensors.generator(12)
+    q, k, v = (torch.randn(4, 16, generator=gen, dtype=torch.float64) for _ in range(3))
+    k, v = k[:1], v[:1]  # one key
+    right = torch.softmax(q @ k.T / 4, dim=-1) @ v
+    keys = torch.cat([k, torch.zeros(15, 16, dtype=torch.float64)])  # 15 padded keys scored 0, not -inf
+    values = torch.cat([v, torch.zeros(15, 16, dtype=torch.float64)])
+    padded = torch.softmax(q @ keys.T / 4, dim=-1) @ values
+    sizes = [4, 16, 1, 16, 1, 16]  # q, k and v's dimensions
+    message = compare.compare("o", padded.float(), right, TOL, sizes=sizes).message
+    assert "normalizer's formula" not in message and "masks nothing" not in message
+    unpadded = compare.compare("o", padded.float(), right, TOL, sizes=[16, 16, 16, 16, 16, 16]).message
+    assert compare.hint_kind(unpadded.split("hint: ", 1)[1]) == "formula"  # the same errors with no size padded

@@ -105,7 +105,7 @@ def compare(name: str, got: torch.Tensor, expected: torch.Tensor, tol: Tolerance
     for index in bad.nonzero()[:MAX_LISTED].tolist():
         idx = tuple(index)
         lines.append(f"    {idx}: {float(g[idx]):.6g} vs {float(e[idx]):.6g}")
-    hint = (_row_factor_hint(g, e, bad, bad_finite, finite, tol)
+    hint = (_row_factor_hint(g, e, bad, bad_finite, finite, tol, sizes)
             or _small_error_hint(bad, bad_finite, max_abs, e, finite, sizes)
             or _boundary_hint(bad))
     if hint:
@@ -147,13 +147,14 @@ def _formula_constant(factor: float) -> bool:
 
 
 def _row_factor_hint(g: torch.Tensor, e: torch.Tensor, bad: torch.Tensor, bad_finite: torch.Tensor,
-                     finite: torch.Tensor, tol: Tolerance) -> str | None:
+                     finite: torch.Tensor, tol: Tolerance, sizes: Collection[int] = ()) -> str | None:
     """Every wrong row (last dimension) is ``expected`` times one factor of its own: something the whole row shares —
     its max, its sum, its mean — is off. That is what masked lanes that leak into the row's reduction give (softmax
     padding loaded as 0 instead of -inf adds exp(0 - max) to every row's sum), and only on rows that need padding; a
     normalizer's formula (where eps goes) gives it on every row. One factor shared by several rows is a constant of the
     formula instead: no hint here. Unlike the small-error hint this one needs no size limit: a padding leak can be
-    large."""
+    large. A row whose length is a power of two rules padding out only where no size of the case is padded: the
+    reduction may run along another dimension (attention's keys), whose padding scales the rows the same way."""
     length = g.shape[-1] if g.dim() else 1
     if length < 2:
         return None
@@ -187,6 +188,8 @@ def _row_factor_hint(g: torch.Tensor, e: torch.Tensor, bad: torch.Tensor, bad_fi
         seen = (f"all {length} elements are the expected ones times one factor ({float(factors[0]):.3g}): what they "
                 "share — the row's max, sum or mean, the normalizer made of them, or a constant of the formula — is "
                 "off")
+    if _is_power_of_two(length) and any(not (_is_power_of_two(n) and n >= MIN_BLOCK) for n in sizes):
+        return None  # a padded size elsewhere may be the cause, or the formula: nothing to tell them apart
     if _is_power_of_two(length):
         return (f"{seen}. A row of {length} is a power of two, {UNPADDED_ROWS}: look at the normalizer's formula "
                 "(where eps goes, the count a mean divides by) — or, with a block longer than the row, at what the "
