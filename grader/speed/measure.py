@@ -309,8 +309,9 @@ def tune_part(part: Part, module: ModuleType) -> None:
 
 
 def record_part(part: Part, module: ModuleType, *, recheck_inputs: Inputs | None) -> SpeedMeasurement:
-    """Record every benchmark of ``part`` (CUDA only), then call the student's code on ``recheck_inputs``.
-    Stops at the first benchmark whose call raises: its error already costs the credit."""
+    """Record every benchmark of ``part`` (CUDA only), then call the student's code on ``recheck_inputs`` (the first
+    benchmark's shapes: only where that benchmark was recorded). A benchmark whose call raises (an option left
+    unwritten, say) costs its own credit: the others are recorded and timed."""
     measurement = SpeedMeasurement(torch.cuda.get_device_name())
     first_outputs: dict[str, Any] = {}  # the first benchmark's: the recheck has its shapes, other values
     try:
@@ -320,15 +321,15 @@ def record_part(part: Part, module: ModuleType, *, recheck_inputs: Inputs | None
             try:
                 recorded, row.warmup_s = record_benchmark(part, module, bench,
                                                           keep=None if measurement.plans else first_outputs)
-            except NotImplementedError:
-                row.error = f"{' / '.join(part.functions)} is not implemented yet"
+            except NotImplementedError as exc:
+                row.error = f"{' / '.join(part.functions)} is not implemented yet" + (f" ({exc})" if str(exc) else "")
                 row.not_implemented = True
-                return measurement
+                continue
             except Exception as exc:
                 row.error = f"{part.functions[0]} raised {student_traceback(exc)}"
-                return measurement
+                continue
             measurement.plans[bench.label] = recorded
-        if recheck_inputs is not None:
+        if recheck_inputs is not None and first_outputs:
             measurement.recheck = execute(part, module, recheck_inputs, "cuda")
             measurement.recheck_repeats = same_outputs(measurement.recheck.outputs, first_outputs)
         return measurement

@@ -104,26 +104,32 @@ def time_parts(settings: RunSettings, exercise: str, parts: list[PartTiming], *,
     return cpu[0]
 
 
+def _untimed(m: SpeedMeasurement) -> dict[str, BenchmarkTiming]:
+    """The rows of the benchmarks the timer cannot time: their call failed, or their recording cannot be replayed.
+    Each costs its own credit; the part's other benchmarks are timed."""
+    rows: dict[str, BenchmarkTiming] = {}
+    for row in m.benchmarks:
+        recorded = m.plans.get(row.label)
+        if row.error:
+            rows[row.label] = row
+        elif isinstance(recorded, str):
+            rows[row.label] = BenchmarkTiming(row.label, warmup_s=row.warmup_s, error=f"not measurable: {recorded}")
+    return rows
+
+
 def _jobs(exercise: str, parts: list[PartTiming], *, complete: bool) -> list[tuple[PartTiming, TimerJob]]:
-    """A timer job per part that has plans to time and no failed benchmark; with ``complete``, the other parts'
-    measurements get their final rows (the failures, and the recordings that cannot be replayed) now."""
+    """A timer job per part that has plans to time; with ``complete``, the measurements of the parts with none get
+    their final rows (the failures, and the recordings that cannot be replayed) now."""
     jobs: list[tuple[PartTiming, TimerJob]] = []
     for entry in parts:
         m = entry.measurement
         if complete:
             m.timer_fault = None
         plans = {label: p for label, p in m.plans.items() if isinstance(p, LaunchPlan)}
-        rows: dict[str, BenchmarkTiming] = {}
-        for row in m.benchmarks:
-            recorded = m.plans.get(row.label)
-            if row.error:
-                rows[row.label] = row
-            elif isinstance(recorded, str):
-                rows[row.label] = BenchmarkTiming(row.label, warmup_s=row.warmup_s,
-                                                  error=f"not measurable: {recorded}")
-        if plans and not any(r.error for r in rows.values()):
+        if plans:
             jobs.append((entry, TimerJob(exercise, entry.part, entry.budget_s, plans)))
         elif complete:
+            rows = _untimed(m)
             m.benchmarks = [rows[r.label] for r in m.benchmarks if r.label in rows]
     return jobs
 
@@ -133,7 +139,7 @@ def _complete(m: SpeedMeasurement, result: TimerResult | TimerFault) -> None:
         m.timer_fault = str(result)
         return
     recorded = {r.label: r for r in m.benchmarks}
-    rows: dict[str, BenchmarkTiming] = {}
+    rows = _untimed(m)
     for data in result.benchmarks:
         timed = BenchmarkTiming.from_dict(data)
         timed.warmup_s += recorded[timed.label].warmup_s if timed.label in recorded else 0.0
