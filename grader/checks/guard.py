@@ -74,5 +74,5 @@ def guarded_launch(launch, kernel_name: str, arg_names: list[str], args: tuple, 
         if problems:
             raise OutOfBoundsError(
                 f"kernel {kernel_name} stored out of bounds: {'; '.join(problems)} "
-                "(a missing or wrong mask on tl.store?)"
+                "(a missing or wrong mask on tl.store? with a block pointer, a missing boundary_check?)"
             )
