@@ -172,6 +172,22 @@ def _get(data: dict, key: str, kind: type | tuple[type, ...], what: str) -> Any:
     return value
 
 
+MAX_TEXT = 20_000  # characters of one message from a worker (an exception's text, an error): the rest is cut
+
+
+def cut(text: str | None, limit: int = MAX_TEXT) -> str | None:
+    """``text`` within ``limit`` characters, saying how much was cut: a submission that raises a 50 MB message must
+    not make its reports, or the class report, that large."""
+    if text is None or len(text) <= limit:
+        return text
+    return f"{text[:limit]}\n[... {len(text) - limit} more characters cut: a message is kept to {limit} characters]"
+
+
+def _text(data: dict, key: str, what: str, *, optional: bool = False) -> str | None:
+    """A message or error text of the worker's, cut to :data:`MAX_TEXT`."""
+    return cut(_get(data, key, (str, type(None)) if optional else str, what))
+
+
 def _plans(value: Any, what: str) -> dict[str, LaunchPlan | str]:
     """The recorded launch plans: a plan that is not well-formed is the student's ("not measurable"), not a
     broken message."""
@@ -180,7 +196,7 @@ def _plans(value: Any, what: str) -> dict[str, LaunchPlan | str]:
     plans: dict[str, LaunchPlan | str] = {}
     for label, data in value.items():
         if isinstance(data, dict) and isinstance(data.get("not_replayable"), str):
-            plans[str(label)] = data["not_replayable"]
+            plans[str(label)] = cut(data["not_replayable"])
             continue
         try:
             plans[str(label)] = LaunchPlan.from_dict(data)
@@ -217,6 +233,7 @@ def _execution(data: Any, what: str) -> Execution:
     error = data.get("error")
     if error is not None and not isinstance(error, str):
         raise ProtocolError(f"{what}: error is not a string")
+    error = cut(error)
     if error_kind is None and outputs is None:
         raise ProtocolError(f"{what}: neither outputs nor an error")
     kernels = data.get("kernels", [])
@@ -261,7 +278,7 @@ def _benchmark(data: Any, what: str) -> BenchmarkTiming:
         notes=_str_list(_get(data, "notes", list, what), f"{what}: notes"),
         warmup_s=_get(data, "warmup_s", float, what),
         timed_s=_get(data, "timed_s", float, what),
-        error=_get(data, "error", (str, type(None)), what),
+        error=_text(data, "error", what, optional=True),
         not_implemented=_get(data, "not_implemented", bool, what),
         failed_baseline=_get(data, "failed_baseline", (str, type(None)), what),
     )
@@ -320,15 +337,15 @@ def decode(data: Any, *, extra_fields: dict[str, dict[str, Any]] | None = None) 
             for part, err in errors.items():
                 if not isinstance(part, str) or not isinstance(err, dict):
                     raise ProtocolError(f"{what}: errors must map parts to {{kind, message}}")
-                failures[part] = LoadFailure(_get(err, "kind", str, what), _get(err, "message", str, what))
+                failures[part] = LoadFailure(_get(err, "kind", str, what), _text(err, "message", what))
             return Loaded(failures)
         case "case_done":
             return CaseDone(_get(data, "id", str, what), _execution(data.get("execution"), what))
         case "bad_input_done":
             raised = _get(data, "raised", (str, type(None)), what)
             return BadInputDone(_get(data, "id", str, what), BadInputOutcome(
-                raised, _str_list(_get(data, "raised_types", list, what), f"{what}: raised_types"),
-                _get(data, "message", str, what)))
+                cut(raised, 200), _str_list(_get(data, "raised_types", list, what), f"{what}: raised_types")[:64],
+                _text(data, "message", what)))
         case "extra_done":
             item = _get(data, "id", str, what)
             fields = (extra_fields or {}).get(item)
@@ -346,18 +363,18 @@ def decode(data: Any, *, extra_fields: dict[str, dict[str, Any]] | None = None) 
                 plans=_plans(data.get("plans", {}), what),
                 recheck_repeats=_get(data, "recheck_repeats", bool, what)))
         case "warmed_up":
-            return WarmedUp(_get(data, "id", str, what), _get(data, "error", (str, type(None)), what))
+            return WarmedUp(_get(data, "id", str, what), _text(data, "error", what, optional=True))
         case "compiled_ahead":
             return CompiledAhead(_get(data, "id", str, what), _get(data, "kernels", int, what),
-                                 _get(data, "error", (str, type(None)), what))
+                                 _text(data, "error", what, optional=True))
         case "poisoned":
-            return Poisoned(_get(data, "why", str, what))
+            return Poisoned(_text(data, "why", what))
         case "compiling":
             return Compiling(_get(data, "what", str, what)[:500])
         case "compiled":
             return Compiled(_get(data, "seconds", float, what))
         case "not_implemented":
-            return NotImplementedYet(_get(data, "id", str, what), _get(data, "message", str, what))
+            return NotImplementedYet(_get(data, "id", str, what), _text(data, "message", what))
         case "raised":
-            return Raised(_get(data, "id", str, what), _get(data, "message", str, what))
+            return Raised(_get(data, "id", str, what), _text(data, "message", what))
     raise ProtocolError(f"unknown message type {kind!r}")
