@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -99,3 +100,13 @@ def test_syntax_error_in_a_submission_is_reported_once(pytester: pytest.Pytester
     out = result.stdout.str()
     assert result.parseoutcomes().get("failed") == 1, out
     assert "gelu.py has a syntax error at line 2" in out
+
+
+def test_an_autotuned_kernel_runs_in_the_students_tests(pytester: pytest.Pytester):
+    """@triton.autotune asks a GPU driver for its benchmarker, which the interpreter has none of: on a CPU the student's
+    tests run its first runnable config (as the grader's workers do), on a GPU they autotune as usual."""
+    impl = pytester.path / "impl"
+    shutil.copytree(ROOT / "tests" / "corpus" / "softmax_autotuned", impl)
+    result = _run(pytester, str(ASSIGNMENTS / "softmax"), "--impl", str(impl), "-m", "not speed")
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    assert "active drivers" not in result.stdout.str()

@@ -15,7 +15,12 @@ from grader.pytest_plugin.session import GraderSession
 # Importing the plugin decides the device; it must happen before any test module imports triton.
 _mode_error: Exception | None = None
 try:
-    runtime.configure()
+    if runtime.configure().interpreter:
+        from grader.speed import autotune
+
+        # The interpreter has no GPU to time autotuning candidates on (Triton's autotuner asks for a driver and
+        # fails): an @triton.autotune kernel runs its first runnable config, as the grader's workers do on a CPU.
+        autotune.install(default=autotune.FIRST)
 except runtime.RuntimeSetupError as exc:  # reported as a usage error in pytest_configure
     _mode_error = exc
 
