@@ -62,12 +62,14 @@ def run(args: argparse.Namespace) -> int:  # "list"
                     pieces.append(f"speed curve: {curve.describe(part.speed_baseline or 'the baseline')}")
                 else:
                     defaults = True
-                    pieces.append("speed curve: the GPU's calibrated thresholds*")
+                    pieces.append("speed curve: the reference solution timed beside the student*")
             print(f"  {part.name:14} {', '.join(pieces)}")
     if defaults:
-        print("* full speed credit from about 0.92 of the reference solution's speed on the grading GPU (less twice "
-              "its measured spread), none at half of it, linear between; a course sets its own in course.toml "
-              "[speed_curve]")
+        from grader.speed.thresholds import FULL_FRACTION, PARTIAL_FRACTION
+
+        print(f"* full speed credit from {FULL_FRACTION:g} of the reference solution's speed, timed in the same rounds "
+              f"on the grading GPU, none at or below {PARTIAL_FRACTION:g} of it, linear between; a course sets its own "
+              "in course.toml [speed_curve]")
     return 0
 
 

@@ -103,13 +103,38 @@ def test_the_trusted_timer_times_under_gradings_rule(tmp_path, monkeypatch):
     monkeypatch.setattr(trusted, "measure_prepared", lambda entry, **kw: rules.append((entry.bench.label, kw["rule"])))
     monkeypatch.setattr(trusted, "finish", lambda entry: SimpleNamespace(
         row=SimpleNamespace(to_dict=lambda: {"label": entry.bench.label}, error=None), mismatch=None))
-    entries = [SimpleNamespace(replay=object(), bench=SimpleNamespace(label=label), row=SimpleNamespace(error=None))
-               for label in ("small", "large")]
-    job = timer.TimerJob("gelu", "forward", 6.0, {})
+    entries = [SimpleNamespace(replay=object(), bench=SimpleNamespace(label=label), row=SimpleNamespace(error=None),
+                               yardstick=yardstick) for label, yardstick in (("small", None), ("large", object()))]
+    job = timer.TimerJob("gelu", "forward", 6.0, {}, boundaries=[0.5, 0.92])
     result = timer.time_prepared(timer.PreparedJob(job, timer.TimerResult("fake GPU"), entries, 3.0), tmp_path)
-    assert rules == [("small", StopRule.grading(3.0)), ("large", StopRule.grading(3.0))]
+    # beside the reference (the yardstick), the rounds stop on the interval of its ratio to the student's
+    assert rules == [("small", StopRule.grading(3.0)),
+                     ("large", StopRule.beside(3.0, ("reference", "student"), (0.5, 0.92)))]
     assert StopRule.grading(3.0) != StopRule(budget_s=3.0)
     assert [row["label"] for row in result.benchmarks] == ["small", "large"]
+    assert len(result.gpu_state) == 2  # sampled before and after the rounds (empty where NVML is missing)
+
+
+def test_beside_a_yardstick_the_rounds_stop_once_the_ratio_is_clear_of_every_credit_boundary():
+    """Grading beside the reference: a kernel far from every boundary stops at the minimum rounds even where its
+    own median is noisy; one straddling a boundary goes on to the budget; between the boundaries (proportional
+    credit) the ratio must be known to ±1 %."""
+    rule = StopRule.beside(10.0, ("reference", "student"), (0.5, 0.92))
+    reference = [1.0 + 0.03 * k for k in (-2, -1, 1, 2, 0, -2, -1, 1, 2, 0)]  # noisy: a spread of ~4 %
+    far_faster = {"reference": reference, "student": [r / 1.3 for r in reference]}  # 1.3x the reference, paired
+    assert rule.check(far_faster, 0.0) == "converged"
+    assert StopRule.grading(10.0).check(far_faster, 0.0) is None  # its medians are not known to ±1 %
+    jitter = [1.0, 1.1, 0.9, 1.05, 0.95, 1.0, 1.1, 0.9, 1.05, 0.95]  # ratio ~0.92 ± 10 %: the boundary inside
+    at_boundary = {"reference": [0.92] * 10, "student": jitter}
+    interval = stats.paired_ratio(at_boundary, "reference", "student")
+    assert interval is not None and interval.low < 0.92 < interval.high
+    assert rule.check(at_boundary, 0.0) is None
+    assert rule.check(at_boundary, 10.0) == "budget"
+    between = {"reference": [0.7] * 10, "student": jitter}  # 0.7 ± 10 %: clear of 0.5 and 0.92, not known to ±1 %
+    assert rule.check(between, 0.0) is None
+    steady = {"reference": [0.7] * 10, "student": [1.0] * 10}
+    assert rule.check(steady, 0.0) == "converged"
+    assert rule.check({"reference": reference[:9], "student": reference[:9]}, 0.0) is None  # under 10 rounds
 
 
 def _timed(clock: FakeClock, ms: float, log: list | None = None, name: str = ""):

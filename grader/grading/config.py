@@ -276,6 +276,9 @@ class RunSettings:
     # batch the cores are busy anyway and it gains nothing, so only where speed_apart is chosen
     compile_ahead: bool = False
     nice: int = 0  # the CPU niceness of the run's workers (:func:`grader.grading.batch.scheduler.niceness`)
+    # the reference solutions, recorded once per batch and GPU and timed beside every student's kernels
+    # (:mod:`grader.grading.exercise_run.yardstick_plans`); None: speed is credited against thresholds files
+    yardstick: Path | None = None
 
 
 def resolve(options: GradeOptions, course: Course, *, device: str, secret: str, workdir: Path,
@@ -302,4 +305,10 @@ def resolve(options: GradeOptions, course: Course, *, device: str, secret: str, 
         cases_seed=course.cases_seed,
         speed_curves=dict(course.speed_curves),
         parallel_parts=device == "cuda",
+        yardstick=default_solutions() if device == "cuda" and default_solutions().is_dir() else None,
     )
+
+
+def default_solutions() -> Path:
+    """The reference solutions: ``solutions/`` beside the grader package (a checkout of the course repository)."""
+    return Path(__file__).resolve().parents[2] / "solutions"

@@ -32,11 +32,9 @@ from grader.checks.spec import Exercise, Part
 from grader.speed import measure, probes, stats, trusted
 from grader.speed import thresholds as th
 
-# Holding the GPU busy before each timed call (grader.speed.timing) keeps the ratio's spread over repeats
-# at 0.1-2.3% on an H100, so full credit can sit close to the reference: 0.92 leaves the reference room
-# for that noise and still tells a ~15%-slower kernel apart.
-FULL_MARGIN = 0.92
-PARTIAL_MARGIN = 0.5
+# The same fractions of the reference's speed as grading beside the yardstick uses.
+FULL_MARGIN = th.FULL_FRACTION
+PARTIAL_MARGIN = th.PARTIAL_FRACTION
 
 
 @dataclass(frozen=True)

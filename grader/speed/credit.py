@@ -25,8 +25,9 @@ from grader.checks.spec import Part
 from grader.checks.verdicts import Verdict
 from grader.speed import gpu_limits
 from grader.speed import thresholds as thresholds_mod
-from grader.speed.measure import STUDENT, BenchmarkTiming, SpeedMeasurement
+from grader.speed.measure import REFERENCE, STUDENT, BenchmarkTiming, SpeedMeasurement
 from grader.speed.plan import LaunchPlan
+from grader.speed.stats import RatioInterval
 from grader.speed.thresholds import Threshold, Thresholds
 from grader.speed.trusted import REPLAY_MISMATCH
 from grader.speed.workload import Work, benchmark_work, roofline_numbers, roofline_of
@@ -112,8 +113,18 @@ class BenchmarkCredit:
     tflops: float | None = None
     pct_roofline: float | None = None
     bound: str | None = None  # "memory" | "compute"
-    threshold: str = "default"  # where the thresholds come from: "calibrated" | "portable" | "default"
-    reference_ms: float | None = None  # the reference solution's calibrated time
+    # where the thresholds come from: "side by side" (the reference timed in the same rounds) | "calibrated" |
+    # "portable" | "default"
+    threshold: str = "default"
+    reference_ms: float | None = None  # the reference solution's time: in the same rounds, else calibrated
+    # side by side: reference_ms / student_ms from the paired rounds, its interval, and the fractions of it for full
+    # and for partial credit; ``straddles``: the interval still held a boundary when the budget ran out
+    yardstick: float | None = None
+    yardstick_low: float | None = None
+    yardstick_high: float | None = None
+    yardstick_full: float | None = None
+    yardstick_partial: float | None = None
+    straddles: bool = False
     error: str | None = None  # why there is no ratio
     # measured rows only:
     spread: float | None = None  # the student's robust coefficient of variation
@@ -139,6 +150,7 @@ class BenchmarkCredit:
 
 
 _MEASURED_ONLY = ("spread", "copy_ms", "mode", "rounds")
+SIDE_BY_SIDE = "side by side"
 _FIELDS = {f.name for f in fields(BenchmarkCredit)}
 
 
@@ -147,7 +159,7 @@ def benchmark_credit(row: BenchmarkTiming | None, label: str, work: Work, thresh
     """One benchmark's numbers and credit."""
     out = BenchmarkCredit(label, threshold.baseline, required_full=threshold.full,
                           required_partial=threshold.partial, threshold=source,
-                          reference_ms=threshold.reference_ms if source == "calibrated" else None)
+                          reference_ms=threshold.reference_ms if source in ("calibrated", SIDE_BY_SIDE) else None)
     if row is None:
         out.error = "not measured"
         return out
@@ -163,12 +175,37 @@ def benchmark_credit(row: BenchmarkTiming | None, label: str, work: Work, thresh
         return out
     ratio = baseline_ms / student_ms
     out.student_ms, out.baseline_ms, out.ratio, out.credit = student_ms, baseline_ms, ratio, threshold.credit(ratio)
+    if source == SIDE_BY_SIDE and row.yardstick and threshold.reference_ratio:
+        _beside(out, RatioInterval.from_dict(row.yardstick), threshold)
     out.spread, out.copy_ms = row.times[STUDENT].robust_cv, row.median("copy")
     out.mode, out.rounds = row.mode, row.rounds
     rates = roofline_numbers(work.bytes, work.flops, student_ms, work.dtype, roofline)
     out.gbps, out.tflops, out.pct_roofline, out.bound = (rates["gbps"], rates["tflops"], rates["pct_roofline"],
                                                          rates["bound"])
     return out
+
+
+def side_by_side(row: BenchmarkTiming | None, baseline: str) -> Threshold | None:
+    """The threshold of a benchmark timed beside the reference (the yardstick): the course's fractions of the
+    reference's speed measured in the same rounds, in units of the baseline (None where it was not)."""
+    if row is None or row.error or not row.yardstick:
+        return None
+    reference_ms, baseline_ms = row.median(REFERENCE), row.median(baseline)
+    if not reference_ms or not baseline_ms:
+        return None
+    rr = baseline_ms / reference_ms
+    return Threshold(baseline, reference_ms, baseline_ms, full=thresholds_mod.FULL_FRACTION * rr,
+                     partial=thresholds_mod.PARTIAL_FRACTION * rr, reference_ratio=rr)
+
+
+def _beside(out: BenchmarkCredit, interval: RatioInterval, threshold: Threshold) -> None:
+    """Credit from the paired ratio to the reference (its point estimate), the fractions it is judged against, and
+    whether its interval still straddles one of them."""
+    rr = threshold.reference_ratio or 1.0
+    out.yardstick, out.yardstick_low, out.yardstick_high = interval.point, interval.low, interval.high
+    out.yardstick_full, out.yardstick_partial = threshold.full / rr, threshold.partial / rr
+    out.credit = threshold.credit(interval.point * rr)
+    out.straddles = not interval.clear_of((out.yardstick_full, out.yardstick_partial))
 
 
 def fmt_ms(ms: float | None) -> str:
@@ -182,16 +219,30 @@ def row_message(r: BenchmarkCredit, roofline: dict[str, Any]) -> str:
     label, base = r.label, r.baseline
     if r.error:
         return f"{label}: no speed credit — {r.error}"
-    head = f"{label}: {fmt_ms(r.student_ms)} = {r.ratio:.2f}× the speed of {base} ({fmt_ms(r.baseline_ms)})"
-    if r.credit >= 1.0:
-        return f"{head}; full credit from {r.required_full:.2f}× — ok"
-    need_ms = r.baseline_ms / r.required_full
-    floor_ms = r.baseline_ms / r.required_partial
-    lines = [
-        f"{head}; credit {r.credit:.0%}",
-        f"    required: {r.required_full:.2f}× {base} (≤ {fmt_ms(need_ms)}) for full credit, "
-        f"above {r.required_partial:.2f}× (< {fmt_ms(floor_ms)}) for partial credit",
-    ]
+    if r.yardstick is not None and r.yardstick_full and r.yardstick_partial is not None and r.reference_ms:
+        head = (f"{label}: {fmt_ms(r.student_ms)} = {r.yardstick:.2f}× the speed of the reference solution "
+                f"({fmt_ms(r.reference_ms)}, timed in the same rounds; {r.yardstick_low:.2f}–{r.yardstick_high:.2f}), "
+                f"{r.ratio:.2f}× {base} ({fmt_ms(r.baseline_ms)})")
+        straddle = ("\n    the interval still holds a credit boundary after the part's timing budget: credited at "
+                    "the point estimate" if r.straddles else "")
+        if r.credit >= 1.0:
+            return f"{head}; full credit from {r.yardstick_full:.2f}× the reference — ok{straddle}"
+        lines = [f"{head}; credit {r.credit:.0%}{straddle}",
+                 f"    required: {r.yardstick_full:.2f}× the reference's speed (≤ "
+                 f"{fmt_ms(r.reference_ms / r.yardstick_full)}) for full credit, above {r.yardstick_partial:.2f}×"
+                 + (f" (< {fmt_ms(r.reference_ms / r.yardstick_partial)})" if r.yardstick_partial > 0 else "")
+                 + " for partial credit"]
+    else:
+        head = f"{label}: {fmt_ms(r.student_ms)} = {r.ratio:.2f}× the speed of {base} ({fmt_ms(r.baseline_ms)})"
+        if r.credit >= 1.0:
+            return f"{head}; full credit from {r.required_full:.2f}× — ok"
+        need_ms = r.baseline_ms / r.required_full
+        floor = f" (< {fmt_ms(r.baseline_ms / r.required_partial)})" if r.required_partial > 0 else ""
+        lines = [
+            f"{head}; credit {r.credit:.0%}",
+            f"    required: {r.required_full:.2f}× {base} (≤ {fmt_ms(need_ms)}) for full credit, "
+            f"above {r.required_partial:.2f}×{floor} for partial credit",
+        ]
     achieved = []
     if r.gbps is not None:
         bw = roofline.get("copy_gbps")
@@ -235,6 +286,10 @@ def _kernel_name(plan: LaunchPlan, index: int) -> str:
 
 def calibration_note(gpu: str, rows: list[BenchmarkCredit], thresholds: Thresholds | None) -> str:
     sources = {r.threshold for r in rows}
+    if sources == {SIDE_BY_SIDE}:
+        return ("yardstick: the reference solution's kernels, replayed and timed in the same rounds as yours on this "
+                f"GPU ({gpu})")
+    sources.discard(SIDE_BY_SIDE)
     if sources == {"calibrated"} and thresholds is not None:
         return f"thresholds: {thresholds.where} (calibrated on {thresholds.gpu})"
     try:
@@ -274,7 +329,11 @@ def part_credit(part: Part, measurement: SpeedMeasurement, *, recheck: Verdict,
     for bench in part.benchmarks:
         if wanted is not None and bench.label not in wanted:
             continue
-        threshold, source = resolve_threshold(part, bench.label, thresholds, curve)
+        beside = side_by_side(measured.get(bench.label), part.speed_baseline or "?")
+        if beside is not None:
+            threshold, source = (curve.apply(beside) if curve is not None else beside), SIDE_BY_SIDE
+        else:
+            threshold, source = resolve_threshold(part, bench.label, thresholds, curve)
         row = benchmark_credit(measured.get(bench.label), bench.label, benchmark_work(part, bench), threshold,
                                source, roofline)
         plan = measurement.plans.get(bench.label)
@@ -290,7 +349,7 @@ def part_credit(part: Part, measurement: SpeedMeasurement, *, recheck: Verdict,
 
 def summarize(rows: list[BenchmarkCredit], roofline: dict[str, Any], gpu: str, thresholds: Thresholds | None,
               recheck: Verdict) -> SpeedCredit:
-    calibrated = bool(rows) and all(r.threshold == "calibrated" for r in rows)
+    calibrated = bool(rows) and all(r.threshold in ("calibrated", SIDE_BY_SIDE) for r in rows)
     note = calibration_note(gpu, rows, thresholds)
     if not recheck.passed:
         for r in rows:
@@ -309,6 +368,25 @@ def summarize(rows: list[BenchmarkCredit], roofline: dict[str, Any], gpu: str, t
 # --------------------------------------------------------------------------------------------
 
 DRIFT = 1.5  # a baseline slower or faster than this factor of its calibrated time: the GPU is not as calibrated
+# The reference's own median moving by more than this between the first and the second half of its rounds: the GPU
+# changed while it timed (the paired ratio absorbs slow drift; this much is a GPU nobody should grade on).
+YARDSTICK_DRIFT = 0.10
+
+
+def unfair_gpu(measurement: SpeedMeasurement) -> str | None:
+    """Why the GPU's state made the timed rounds unfair (the grader's side: a regrade, never a lower score): a
+    throttle seen before or after them, or a yardstick whose own time moved during them."""
+    from grader.speed import gpu_state
+
+    states = [gpu_state.GpuState.from_dict(d) for d in measurement.gpu_state if d]
+    throttled = gpu_state.throttled(states)
+    if throttled:
+        return f"the GPU throttled while the part was timed ({throttled})"
+    for row in measurement.benchmarks:
+        if row.yardstick_drift is not None and row.yardstick_drift > YARDSTICK_DRIFT:
+            return (f"{row.label}: the reference solution's own time moved by {row.yardstick_drift:.0%} during the "
+                    f"rounds (more than {YARDSTICK_DRIFT:.0%}): the GPU changed while it was timed")
+    return None
 
 
 def impossible_times(part: Part, measurement: SpeedMeasurement, thresholds: Thresholds | None) -> list[str]:
@@ -401,9 +479,13 @@ def judge(part: Part, measurement: SpeedMeasurement, *, recheck: Verdict, thresh
     scored = part_credit(part, measurement, recheck=recheck, thresholds=thresholds, roofline=roofline, curve=curve,
                          labels=labels)
     if require_calibration and not scored.calibrated:
-        return SpeedVerdict(NEEDS_REGRADE, f"speed: not graded on this GPU ({measurement.gpu}): it has no "
-                            "calibrated thresholds (`grader calibrate` makes them); correctness is graded, speed "
-                            f"waits for a regrade on a calibrated GPU\n{scored.message}", rows=scored.rows)
+        return SpeedVerdict(NEEDS_REGRADE, f"speed: not graded on this GPU ({measurement.gpu}): the reference "
+                            "solution was not timed beside it and the GPU has no calibrated thresholds; correctness is "
+                            f"graded, speed waits for a regrade\n{scored.message}", rows=scored.rows)
+    unfair = unfair_gpu(measurement) if require_calibration else None
+    if unfair is not None:
+        return SpeedVerdict(NEEDS_REGRADE, f"speed: not graded in this run: {unfair}; it waits for a regrade\n"
+                            f"{scored.message}", rows=scored.rows, calibrated=True)
     drift = baseline_drift(scored.rows, thresholds, part) if require_calibration else None
     if drift is not None:
         return SpeedVerdict(NEEDS_REGRADE, f"speed: not graded in this run: {drift}; it waits for a regrade\n"

@@ -31,10 +31,11 @@ from grader.checks.execute import Execution, device_inputs, execute, student_tra
 from grader.checks.spec import Benchmark, Case, Inputs, Part
 from grader.speed import clocks, tamper, timing
 from grader.speed.plan import LaunchPlan
-from grader.speed.stats import Stats, StopRule
+from grader.speed.stats import Stats, StopRule, drift, paired_ratio
 
 CPU_REASON = "speed tests need a CUDA GPU: kernels are running in the Triton interpreter"
 STUDENT = "student"  # the student's candidate in measurements
+REFERENCE = "reference"  # the reference solution's replayed kernels, timed in the same rounds (the yardstick)
 
 
 @dataclass
@@ -52,6 +53,10 @@ class BenchmarkTiming:
     error: str | None = None  # no credit: what went wrong
     not_implemented: bool = False
     failed_baseline: str | None = None  # the baseline that raised (grader bench drops it and measures again)
+    # Timed beside the reference (the yardstick): reference_ms / student_ms from the paired rounds, with its interval
+    # (stats.RatioInterval.to_dict()), and how far the reference's own time moved during the rounds (relative).
+    yardstick: dict[str, float] | None = None
+    yardstick_drift: float | None = None
 
     def median(self, name: str) -> float | None:
         stats = self.times.get(name)
@@ -75,6 +80,7 @@ class SpeedMeasurement:
 
     gpu: str
     benchmarks: list[BenchmarkTiming] = field(default_factory=list)
+    gpu_state: list[dict[str, Any]] = field(default_factory=list)  # the GPU before and after the timed rounds
     recheck: Execution | None = None  # the call on fresh inputs after the timed runs (None: not reached)
     tampered: list[str] = field(default_factory=list)  # timing primitives replaced since the worker started
     plans: dict[str, LaunchPlan | str] = field(default_factory=dict)  # label -> plan, or why it has none
@@ -220,6 +226,10 @@ def measure_benchmark(
         if device == "cuda":
             torch.cuda.empty_cache()
     row.times = {name: result.stats(name) for name, timed in result.samples.items() if timed}
+    if result.samples.get(REFERENCE) and result.samples.get(STUDENT):
+        interval = paired_ratio(result.samples, REFERENCE, STUDENT)
+        row.yardstick = interval.to_dict() if interval is not None else None
+        row.yardstick_drift = drift(result.samples[REFERENCE])
     if samples is not None:
         samples.extend(result.samples[STUDENT])
     row.mode, row.stop, row.rounds, row.notes = result.mode, result.stop, result.rounds, list(result.notes)

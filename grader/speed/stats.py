@@ -91,6 +91,57 @@ def summarize(samples: Sequence[float]) -> Stats:
     )
 
 
+@dataclass(frozen=True)
+class RatioInterval:
+    """A ratio of two candidates' times from their paired samples (one pair per round: the clock and thermal drift of
+    a round move both), its point estimate and an interval of ``Z`` standard errors either side."""
+
+    point: float
+    low: float
+    high: float
+    rounds: int
+
+    def clear_of(self, boundaries: Sequence[float]) -> bool:
+        """Whether no boundary lies inside the interval."""
+        return all(b < self.low or b > self.high for b in boundaries)
+
+    def between(self, boundaries: Sequence[float]) -> bool:
+        """Whether the point lies between the lowest and the highest boundary (where credit is proportional)."""
+        return bool(boundaries) and min(boundaries) < self.point < max(boundaries)
+
+    def to_dict(self) -> dict[str, float]:
+        return {"point": self.point, "low": self.low, "high": self.high, "rounds": self.rounds}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, float]) -> RatioInterval:
+        return cls(float(data["point"]), float(data["low"]), float(data["high"]), int(data["rounds"]))
+
+
+Z = 2.0  # standard errors either side of a ratio's point estimate: about a 95 % interval
+
+
+def paired_ratio(samples: Mapping[str, Sequence[float]], numerator: str, denominator: str) -> RatioInterval | None:
+    """``numerator / denominator`` round by round, summarized: the median of the per-round ratios and ±``Z``
+    standard errors of it (None before two rounds)."""
+    top, bottom = samples.get(numerator, ()), samples.get(denominator, ())
+    ratios = [a / b for a, b in zip(top, bottom) if b > 0]
+    if len(ratios) < 2:
+        return None
+    stats = summarize(ratios)
+    half = Z * stats.rel_se * stats.median
+    return RatioInterval(stats.median, stats.median - half, stats.median + half, len(ratios))
+
+
+def drift(samples: Sequence[float]) -> float:
+    """How far the median of the second half of ``samples`` (in round order) moved from the first half's, relative
+    (0.0 with fewer than 6 samples): a yardstick whose own time moves during the rounds measures a GPU that changed."""
+    if len(samples) < 6:
+        return 0.0
+    half = len(samples) // 2
+    first, second = statistics.median(samples[:half]), statistics.median(samples[half:])
+    return abs(second / first - 1.0) if first > 0 else 0.0
+
+
 def cv(values: Sequence[float]) -> float:
     """Coefficient of variation of a few values (e.g. one ratio measured in several runs)."""
     if len(values) < 2:
@@ -108,6 +159,10 @@ class StopRule:
     max_rounds: int = 2000
     rel_se: float = 0.003  # every median known to ±0.3 % (one standard error)
     budget_s: float = 2.0  # wall-clock seconds for the rounds (warm-up not counted)
+    # Grading beside a yardstick: stop on the interval of ``pair``'s ratio (numerator, denominator) instead of every
+    # median, once it is clear of every credit boundary (and, between them, known to ``rel_se``).
+    pair: tuple[str, str] | None = None
+    boundaries: tuple[float, ...] = ()
 
     @classmethod
     def grading(cls, budget_s: float) -> StopRule:
@@ -118,6 +173,14 @@ class StopRule:
         for ±1 %, 43 for ±0.5 %. The thresholds themselves come from calibration's finer rule. Measured in
         docs/performance.md ("Grading time")."""
         return cls(min_rounds=10, rel_se=0.01, budget_s=budget_s)
+
+    @classmethod
+    def beside(cls, budget_s: float, pair: tuple[str, str], boundaries: Sequence[float]) -> StopRule:
+        """Grading against a yardstick timed in the same rounds: stop once the interval of ``pair``'s ratio is clear
+        of every credit boundary (a kernel far above full credit or far below none needs few rounds) and, where it
+        lies between two of them (proportional credit), known to ±1 %; while it straddles one, go on within the
+        budget."""
+        return cls(min_rounds=10, rel_se=0.01, budget_s=budget_s, pair=pair, boundaries=tuple(boundaries))
 
     def __post_init__(self) -> None:
         if self.min_rounds < 1 or self.max_rounds < self.min_rounds:
@@ -131,10 +194,21 @@ class StopRule:
             return None
         if n >= self.max_rounds:
             return "max_rounds"
-        if n >= self.min_rounds and all(summarize(s).rel_se <= self.rel_se for s in samples.values()):
+        if n >= self.min_rounds and self._converged(samples):
             return "converged"
         # The budget never stops before a few rounds: the timed outputs of both input sets must be
         # re-checked at least once (a result left over from the previous call is caught there).
         if elapsed_s >= self.budget_s and n >= min(self.min_rounds, 3):
             return "budget"
         return None
+
+    def _converged(self, samples: Mapping[str, Sequence[float]]) -> bool:
+        if self.pair is not None and all(name in samples for name in self.pair):
+            interval = paired_ratio(samples, *self.pair)
+            if interval is None:
+                return False
+            known = (interval.high - interval.low) / 2 / Z <= self.rel_se * interval.point
+            if not self.boundaries:
+                return known
+            return interval.clear_of(self.boundaries) and (known or not interval.between(self.boundaries))
+        return all(summarize(s).rel_se <= self.rel_se for s in samples.values())

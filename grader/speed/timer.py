@@ -48,15 +48,23 @@ class TimerJob:
     budget_s: float
     plans: dict[str, LaunchPlan]  # benchmark label -> plan; benchmarks without one are not timed
     baselines: list[str] | None = None  # default: the grading baselines
+    # The reference solution's plans (label -> plan), recorded by the grader: timed in the same rounds as the
+    # student's, and the rounds stop on the interval of their ratio against ``boundaries`` (reference / student).
+    yardstick: dict[str, LaunchPlan] = field(default_factory=dict)
+    boundaries: list[float] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"exercise": self.exercise, "part": self.part, "budget_s": self.budget_s,
-                "plans": {label: plan.to_dict() for label, plan in self.plans.items()}, "baselines": self.baselines}
+                "plans": {label: plan.to_dict() for label, plan in self.plans.items()}, "baselines": self.baselines,
+                "yardstick": {label: plan.to_dict() for label, plan in self.yardstick.items()},
+                "boundaries": list(self.boundaries)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TimerJob:
         return cls(str(data["exercise"]), str(data["part"]), float(data["budget_s"]),
-                   {str(k): LaunchPlan.from_dict(v) for k, v in data["plans"].items()}, data.get("baselines"))
+                   {str(k): LaunchPlan.from_dict(v) for k, v in data["plans"].items()}, data.get("baselines"),
+                   {str(k): LaunchPlan.from_dict(v) for k, v in data.get("yardstick", {}).items()},
+                   [float(b) for b in data.get("boundaries", [])])
 
 
 @dataclass
@@ -65,14 +73,16 @@ class TimerResult:
     benchmarks: list[dict[str, Any]] = field(default_factory=list)  # BenchmarkTiming.to_dict() per plan
     mismatches: list[str] = field(default_factory=list)  # "<label>: why the replay is not the function"
     error: str | None = None  # the timer itself failed (a grader fault)
+    gpu_state: list[dict[str, Any]] = field(default_factory=list)  # gpu_state.GpuState before and after the rounds
 
     def to_dict(self) -> dict[str, Any]:
-        return {"gpu": self.gpu, "benchmarks": self.benchmarks, "mismatches": self.mismatches, "error": self.error}
+        return {"gpu": self.gpu, "benchmarks": self.benchmarks, "mismatches": self.mismatches, "error": self.error,
+                "gpu_state": self.gpu_state}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TimerResult:
         return cls(str(data["gpu"]), list(data["benchmarks"]), [str(m) for m in data["mismatches"]],
-                   data.get("error"))
+                   data.get("error"), [dict(d) for d in data.get("gpu_state", []) if isinstance(d, dict)])
 
 
 def job_result(first: Path, index: int) -> Path:
@@ -108,7 +118,8 @@ def prepare(job: TimerJob, folder: Path, *, index: int = 0) -> PreparedJob:
     for i, bench in enumerate(planned):
         _started(folder, index, bench.label)
         with gate.use():
-            entry = trusted.prepare(part, bench, job.plans[bench.label], folder=folder / "replay" / f"j{index}b{i}")
+            entry = trusted.prepare(part, bench, job.plans[bench.label], folder=folder / "replay" / f"j{index}b{i}",
+                                    yardstick=job.yardstick.get(bench.label))
         done.entries.append(entry)
         if entry.replay is None:  # refused, failed or wrong: the benchmarks after it are not timed
             break
@@ -120,19 +131,25 @@ def time_prepared(prepared: PreparedJob, folder: Path, *, index: int = 0) -> Tim
     processes on the GPU a pause), under grading's rule (:meth:`StopRule.grading`), then each replay validated
     again, sharing the GPU."""
     from grader.checks import gpu_gate
-    from grader.speed import trusted
+    from grader.speed import gpu_state, trusted
+    from grader.speed.measure import REFERENCE, STUDENT
     from grader.speed.stats import StopRule
 
     gate, result = gpu_gate.current(), prepared.result
     ready = [entry for entry in prepared.entries if entry.replay is not None]
     if ready:
         with gate.alone():
+            result.gpu_state.append(_state(gpu_state.sample()))
             for entry in ready:
                 _started(folder, index, entry.bench.label)
-                trusted.measure_prepared(entry, budget_s=prepared.per_benchmark_s, baselines=prepared.job.baselines,
-                                         rule=StopRule.grading(prepared.per_benchmark_s), warmup_ms=WARMUP_MS)
+                budget = prepared.per_benchmark_s
+                rule = (StopRule.beside(budget, (REFERENCE, STUDENT), prepared.job.boundaries)
+                        if entry.yardstick is not None else StopRule.grading(budget))
+                trusted.measure_prepared(entry, budget_s=budget, baselines=prepared.job.baselines, rule=rule,
+                                         warmup_ms=WARMUP_MS)
                 if entry.row.error:  # its row ends the part's rows (below)
                     break
+            result.gpu_state.append(_state(gpu_state.sample()))
     for entry in prepared.entries:
         _started(folder, index, entry.bench.label)
         with gate.use():
@@ -151,6 +168,11 @@ def run(job: TimerJob, folder: Path, *, index: int = 0) -> TimerResult:
     <label>"`` is appended to ``folder/PROGRESS`` before each step that runs a benchmark's kernels, so that whoever
     started the timer knows which benchmark a crash or a hang belongs to."""
     return time_prepared(prepare(job, folder, index=index), folder, index=index)
+
+
+def _state(state: Any) -> dict[str, Any]:
+    """A GPU state sample as the result carries it (empty where the GPU's state cannot be read)."""
+    return state.to_dict() if state is not None else {}
 
 
 def _started(folder: Path, index: int, label: str) -> None:

@@ -121,17 +121,36 @@ class Prepared:
     plan_summary: str = ""
     over: bool = False
     own_s: float = 0.0  # loading and validating, counted in the row's warm-up (the wait for the turn is not)
+    yardstick: replay_mod.Replay | None = None  # the reference solution's replay, timed in the same rounds
+    yardstick_problem: str | None = None  # why a yardstick plan given could not be used (the grader's side)
 
 
-def prepare(part: Part, bench: Benchmark, plan: plan_mod.LaunchPlan, *, folder: Path) -> Prepared:
-    """Check ``plan``, load its kernels and validate the replay once (sharing the GPU)."""
+def prepare(part: Part, bench: Benchmark, plan: plan_mod.LaunchPlan, *, folder: Path,
+            yardstick: plan_mod.LaunchPlan | None = None) -> Prepared:
+    """Check ``plan``, load its kernels and validate the replay once (sharing the GPU); the same for ``yardstick``
+    (the reference solution's plan, recorded by the grader) where the student's replay is ready."""
     started = time.monotonic()
     prepared = Prepared(part, bench, measure.BenchmarkTiming(bench.label), plan_summary=plan.summary())
     try:
         _prepare(prepared, plan, folder)
+        if yardstick is not None and prepared.replay is not None:
+            prepared.yardstick, prepared.yardstick_problem = _yardstick(part, bench, yardstick, folder / "yardstick")
     finally:
         prepared.own_s += time.monotonic() - started
     return prepared
+
+
+def _yardstick(part: Part, bench: Benchmark, plan: plan_mod.LaunchPlan, folder: Path
+               ) -> tuple[replay_mod.Replay | None, str | None]:
+    """The reference's replay, validated like a student's: (replay, None), or (None, why it cannot be used)."""
+    try:
+        replay = replay_mod.Replay(plan, folder)
+        wrong = validate(part, bench, replay, random.SystemRandom().getrandbits(62))
+    except Exception as exc:
+        return None, f"the reference solution's kernels could not be replayed: {type(exc).__name__}: {exc}"
+    if wrong:
+        return None, f"the reference solution's replay did not compute the function: {wrong}"
+    return replay, None
 
 
 def _prepare(prepared: Prepared, plan: plan_mod.LaunchPlan, folder: Path) -> None:
@@ -170,6 +189,8 @@ def measure_prepared(prepared: Prepared, *, budget_s: float, baselines: list[str
     engine's warm-up (``warmup_ms``): the caller holds the GPU alone."""
     if prepared.replay is None:
         return
+    if prepared.yardstick is not None:
+        extra = {measure.REFERENCE: prepared.yardstick, **(extra or {})}
     try:
         prepared.row = measure.measure_benchmark(prepared.part, prepared.replay, prepared.bench, device="cuda",
                                                  budget_s=budget_s, baselines=baselines, samples=samples,
@@ -200,6 +221,8 @@ def finish(prepared: Prepared) -> Timed:
         row.times = {}
     row.warmup_s += prepared.own_s  # the timing engine's warm-up (in the turn), then loading and validating
     row.notes.append(f"timed by replaying {prepared.plan_summary}")
+    if prepared.yardstick_problem:
+        row.notes.append(prepared.yardstick_problem)
     return Timed(row, prepared.mismatch)
 
 

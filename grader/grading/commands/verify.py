@@ -12,14 +12,9 @@ from pathlib import Path
 
 from grader.grading import config
 from grader.grading.commands.grade import UsageError, add_common, exit_status, grade, options_from_args
+from grader.grading.config import default_solutions
 from grader.grading.results.results import NEEDS_REGRADE
 from grader.grading.results.scoring import points_text as _pts
-
-
-def default_solutions() -> Path:
-    import grader
-
-    return Path(grader.__file__).resolve().parent.parent / "solutions"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 from grader.checks import loader
 from grader.checks.spec import Exercise
 from grader.grading.config import RunSettings
-from grader.grading.exercise_run import gpu_references, references, supervise, timer_process, workers
+from grader.grading.exercise_run import gpu_references, references, supervise, timer_process, workers, yardstick_plans
 from grader.grading.exercise_run import plan as plan_mod
 from grader.grading.exercise_run.judging import GRADER_FAULT, ExerciseJudge, grader_error
 from grader.grading.exercise_run.slots import Slot
@@ -34,7 +34,7 @@ from grader.grading.results.results import (
     PartResult,
     SpeedResult,
 )
-from grader.speed import credit, workload
+from grader.speed import credit, thresholds, workload
 
 TIMER_STEP = "speed: trusted timer"
 CREDIT_STEP = "speed: judging the timed runs"
@@ -84,7 +84,9 @@ def grade_exercise(exercise: Exercise, root: Path, *, settings: RunSettings, scr
         walls: dict[str, float] = {}  # each group's wall time: the longest is the exercise's critical path (--profile)
 
         timer = _timer_ahead(settings, scratch, arbiter) if timed and settings.device == "cuda" else None
-        recorded = _Recorded(groups, timer, exercise.name, judge)
+        yardstick = _Yardstick(yardstick_plans.start(exercise, settings=settings, slot=slot, scratch=scratch)
+                               if timed else None, exercise.name, settings)
+        recorded = _Recorded(groups, timer, exercise.name, judge, yardstick)
 
         def run_group(group: list) -> supervise.Run:
             began = time.monotonic()
@@ -105,7 +107,9 @@ def grade_exercise(exercise: Exercise, root: Path, *, settings: RunSettings, scr
                 on_workers_ended()
             if run.to_time:  # every process of the student's has ended: one trusted timer times every part
                 timing = time.monotonic()
-                cpu = _time_speed(exercise, settings, run.to_time, scratch=scratch, arbiter=arbiter, timer=timer)
+                cpu = _time_speed(exercise, settings, run.to_time, scratch=scratch, arbiter=arbiter, timer=timer,
+                                  yardstick=yardstick)
+                run.notes += yardstick.notes()
                 run.add_time(TIMER_STEP, time.monotonic() - timing)
                 run.add_cpu(TIMER_STEP, cpu)
                 judging = time.monotonic()
@@ -171,7 +175,9 @@ class _Recorded:
     gets the recordings to load and validate, while the student's workers may still run; each recording's recheck
     is judged as it comes (:meth:`ExerciseJudge.on_recorded`), the last one while the timer prepares."""
 
-    def __init__(self, groups: list[list], timer: timer_process.Timer | None, exercise: str, judge: ExerciseJudge):
+    def __init__(self, groups: list[list], timer: timer_process.Timer | None, exercise: str, judge: ExerciseJudge,
+                 yardstick: _Yardstick | None = None):
+        self.yardstick = yardstick
         ordered = [item for group in groups for item in group]  # Run.merged's order: the timer's jobs must match
         self.order = {item.id: k for k, item in enumerate(ordered)}
         self.waiting = {item.id for item in ordered if item.kind == "speed" and item.skip_reason is None}
@@ -200,7 +206,7 @@ class _Recorded:
             self.prepared = True
             to_time = sorted(self.entries.values(), key=lambda entry: self.order[entry[0].id])
         try:
-            timer_process.prepare_parts(self.exercise, _part_timings(to_time), self.timer)
+            timer_process.prepare_parts(self.exercise, _part_timings(to_time, self.yardstick), self.timer)
         except Exception:  # the timer then gets its jobs when every worker has ended, as unprepared
             pass
 
@@ -222,11 +228,12 @@ def _timer_ahead(settings: RunSettings, scratch: Path, arbiter) -> timer_process
 
 
 def _time_speed(exercise, settings: RunSettings, to_time: list, *, scratch: Path, arbiter,
-                timer: timer_process.Timer | None = None) -> float:
+                timer: timer_process.Timer | None = None, yardstick: _Yardstick | None = None) -> float:
     """The speed items' recorded launches, timed by the trusted timer (:mod:`.timer_process`; ``timer``: one
-    started ahead); a failure of the grader's side leaves the part's ``timer_fault`` (its speed waits for a
-    regrade). Returns the CPU seconds of the timers started here (not ``timer``'s)."""
-    parts = _part_timings(to_time)
+    started ahead) beside the reference's (``yardstick``); a failure of the grader's side leaves the part's
+    ``timer_fault`` (its speed waits for a regrade). Returns the CPU seconds of the timers started here (not
+    ``timer``'s)."""
+    parts = _part_timings(to_time, yardstick)
     try:
         return timer_process.time_parts(settings, exercise.name, parts, scratch=scratch, arbiter=arbiter, timer=timer)
     except Exception as exc:  # a bug of the grader's side: every part's speed waits for a regrade
@@ -235,8 +242,48 @@ def _time_speed(exercise, settings: RunSettings, to_time: list, *, scratch: Path
         return 0.0
 
 
-def _part_timings(to_time: list) -> list[timer_process.PartTiming]:
-    return [timer_process.PartTiming(item.part.name, reply.measurement, item.budget_s) for item, _, reply in to_time]
+def _part_timings(to_time: list, yardstick: _Yardstick | None) -> list[timer_process.PartTiming]:
+    timings = []
+    for item, _, reply in to_time:
+        plans = yardstick.plans(item.part.name) if yardstick is not None else {}
+        boundaries = yardstick.boundaries(item.part.name) if yardstick is not None else []
+        timings.append(timer_process.PartTiming(item.part.name, reply.measurement, item.budget_s, plans, boundaries))
+    return timings
+
+
+class _Yardstick:
+    """The exercise's reference plans for the timer (recorded once per batch and GPU: :mod:`.yardstick_plans`),
+    waited for the first time they are needed."""
+
+    def __init__(self, future, exercise: str, settings: RunSettings):
+        self.future, self.exercise, self.settings = future, exercise, settings
+        self._found: yardstick_plans.Yardstick | None = None
+        self._lock = threading.Lock()
+
+    def found(self) -> yardstick_plans.Yardstick | None:
+        with self._lock:
+            if self._found is None and self.future is not None:
+                self._found = yardstick_plans.result(self.future)
+            return self._found
+
+    def plans(self, part: str) -> dict:
+        found = self.found()
+        return dict(found.plans.get(part, {})) if found is not None else {}
+
+    def boundaries(self, part: str) -> list[float]:
+        """The credit's boundaries in the timer's ratio (reference / student): the course's reference curve, else
+        the default fractions; none for a curve against the baseline (the rounds then stop on a ±1 % ratio)."""
+        curve = thresholds.curve_for(self.settings.speed_curves, self.exercise, part)
+        if curve is None:
+            return [thresholds.PARTIAL_FRACTION, thresholds.FULL_FRACTION]
+        return [curve.partial, curve.full] if curve.of == "reference" else []
+
+    def notes(self) -> list[str]:
+        found = self.found()
+        if found is None or not found.problems:
+            return []
+        return ["the reference solution could not be timed beside this submission (the grader's side; speed is "
+                "credited against the GPU's calibrated thresholds where it has them): " + "; ".join(found.problems)]
 
 
 def _unmeasured(part, settings: RunSettings) -> SpeedResult:

@@ -28,7 +28,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from grader.grading.config import RunSettings
@@ -61,6 +61,8 @@ class PartTiming:
     part: str
     measurement: SpeedMeasurement
     budget_s: float
+    yardstick: dict[str, LaunchPlan] = field(default_factory=dict)  # the reference's plans, timed beside
+    boundaries: list[float] = field(default_factory=list)  # the credit's boundaries, reference / student
 
 
 def time_measurement(settings: RunSettings, exercise: str, part: str, measurement: SpeedMeasurement, *,
@@ -127,7 +129,9 @@ def _jobs(exercise: str, parts: list[PartTiming], *, complete: bool) -> list[tup
             m.timer_fault = None
         plans = {label: p for label, p in m.plans.items() if isinstance(p, LaunchPlan)}
         if plans:
-            jobs.append((entry, TimerJob(exercise, entry.part, entry.budget_s, plans)))
+            jobs.append((entry, TimerJob(exercise, entry.part, entry.budget_s, plans,
+                                         yardstick={k: v for k, v in entry.yardstick.items() if k in plans},
+                                         boundaries=list(entry.boundaries))))
         elif complete:
             rows = _untimed(m)
             m.benchmarks = [rows[r.label] for r in m.benchmarks if r.label in rows]
@@ -145,6 +149,7 @@ def _complete(m: SpeedMeasurement, result: TimerResult | TimerFault) -> None:
         timed.warmup_s += recorded[timed.label].warmup_s if timed.label in recorded else 0.0
         rows[timed.label] = timed
     m.mismatches = list(result.mismatches)
+    m.gpu_state = list(result.gpu_state)
     m.benchmarks = [rows[r.label] for r in m.benchmarks if r.label in rows]
 
 

@@ -266,13 +266,15 @@ def _ratios(students: list[StudentReport]) -> Ratios:
     for report in students:
         for _, result in report.exercises:
             for part, row in _speed_rows(result):
-                ratios[(result.exercise, part.name, row.label)].append((report.student, float(row.ratio), row))
+                value = row.yardstick if row.yardstick is not None else row.ratio  # × the reference where timed
+                ratios[(result.exercise, part.name, row.label)].append((report.student, float(value), row))
     return ratios
 
 
 def _speed(ratios: Ratios, table: _Table) -> list[str]:
-    h = ['<h2 id="speed">Speed ratios</h2><p class="meta">ratio = the baseline\'s time ÷ the student\'s time, both '
-         "measured by the grader in the same run on the same GPU (higher is faster).</p>"]
+    h = ['<h2 id="speed">Speed ratios</h2><p class="meta">ratio = the reference solution\'s time ÷ the student\'s '
+         "time (the baseline\'s where the reference was not timed), both measured by the grader in the same rounds "
+         "on the same GPU (higher is faster).</p>"]
     if not ratios:
         return [*h, '<p id="no-speed">No speed was measured in this batch (it ran on the CPU, or no GPU is '
                 "calibrated).</p>"]
@@ -283,13 +285,15 @@ def _speed(ratios: Ratios, table: _Table) -> list[str]:
         values = [v for _, v, _ in entries]
         st = _stats(values)
         sample = entries[0][2]
+        beside = sample.yardstick is not None
+        full = sample.yardstick_full if beside else sample.required_full
+        partial = sample.yardstick_partial if beside else sample.required_partial
         ident = f"{exercise}.{part}.{label}"
         h.append(f'<tr><td>{_e(ident)}</td><td class="num">{st["n"]}</td><td class="num">{_f(st["min"])}</td>'
                  f'<td class="num" id="ratio-{_e(ident)}-median">{_f(st["median"])}</td><td class="num">'
-                 f'{_f(st["max"])}</td><td class="num">{_f(_num(sample.required_partial))}</td>'
-                 f'<td class="num">{_f(_num(sample.required_full))}</td></tr>')
-        strips.append(strip_svg(values, title=ident, full=_num(sample.required_full),
-                                partial=_num(sample.required_partial)))
+                 f'{_f(st["max"])}</td><td class="num">{_f(_num(partial))}</td>'
+                 f'<td class="num">{_f(_num(full))}</td></tr>')
+        strips.append(strip_svg(values, title=ident, full=_num(full), partial=_num(partial)))
         for student, value, _ in entries:
             table.add("speed_ratio", exercise, part, label, student, f"{value:.6g}")
     h.append(f'</table><div class="plots">{"".join(strips)}</div>')

@@ -230,8 +230,9 @@ def status_text(score: ExerciseScore) -> str:
     return score.status
 
 
-SPEED_COLUMNS = (("label", "benchmark"), ("student_ms", "yours (ms)"), ("baseline_ms", "baseline (ms)"),
-                 ("ratio", "ratio"), ("required_full", "full marks at"), ("required_partial", "partial from"),
+SPEED_COLUMNS = (("label", "benchmark"), ("student_ms", "yours (ms)"), ("reference_ms", "reference (ms)"),
+                 ("yardstick", "× reference"), ("baseline_ms", "baseline (ms)"),
+                 ("ratio", "× baseline"), ("required_full", "full marks at"), ("required_partial", "partial from"),
                  ("gbps", "GB/s"), ("tflops", "TFLOP/s"), ("pct_roofline", "% of roofline"))
 
 

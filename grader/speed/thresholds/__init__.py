@@ -27,6 +27,12 @@ FORMAT = 1
 DIRECTORY = Path(__file__).resolve().parent
 ENV_OVERRIDE = "GRADER_THRESHOLDS"  # path of a thresholds file to use whatever the GPU
 
+# The course's default credit rule against the reference solution timed in the same rounds (the yardstick): full
+# credit from this fraction of the reference's speed (room for the reference's own noise, and a kernel about 15 %
+# slower loses some), none at or below half of it. A course's [speed_curve] with of = "reference" replaces both.
+FULL_FRACTION = 0.92
+PARTIAL_FRACTION = 0.5
+
 # Uncalibrated entries that no shipped file covers either: generous, and said to be uncalibrated.
 DEFAULT_FULL = 0.5
 DEFAULT_PARTIAL = 0.25

@@ -1,0 +1,114 @@
+"""The yardstick: the reference solution's launch plans, recorded once per batch and GPU, for the trusted timer to
+time in the same rounds as each student's.
+
+A student's speed credit is ``reference_ms / student_ms`` measured in one run of the timer, on the same inputs, the
+same GPU and the same clocks (:mod:`grader.speed.credit`), so it needs no thresholds file and no calibration of the
+GPU. The reference's calls are recorded exactly as a student's are: the solutions tree (``RunSettings.yardstick``)
+is graded for its speed items only, in a sandboxed worker (:func:`grader.grading.exercise_run.supervise.run`), its
+autotuners choosing their configs with the same timing as a student's. The first exercise run of a batch that
+needs an exercise's yardstick on a GPU records it, side by side with its own workers; every later run on that GPU
+uses the same plans. A recording that fails is the grader's side: the parts are then credited against the GPU's
+calibrated thresholds where it has them, else their speed waits for a regrade.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from grader.checks.spec import Exercise
+from grader.grading.config import RunSettings
+from grader.grading.exercise_run import plan as plan_mod
+from grader.grading.exercise_run import references, supervise
+from grader.grading.exercise_run.slots import Slot
+from grader.grading.isolation import protocol
+from grader.speed.plan import LaunchPlan
+
+KEPT = 32  # recordings kept per process (a server grades batch after batch): each holds a few MB of kernels
+WAIT_S = 3600.0  # a recording that outlasts this is the grader's fault: speed falls back as if it failed
+
+
+@dataclass
+class Yardstick:
+    """An exercise's reference plans on one GPU: part -> benchmark label -> plan, and what failed."""
+
+    plans: dict[str, dict[str, LaunchPlan]] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)  # "<part>: why it has no yardstick" (the grader's side)
+    seconds: float = 0.0  # wall time of the recording
+
+
+_LOCK = threading.Lock()
+_RECORDINGS: OrderedDict[tuple[str, ...], concurrent.futures.Future] = OrderedDict()
+
+
+def start(exercise: Exercise, *, settings: RunSettings, slot: Slot | None, scratch: Path
+          ) -> concurrent.futures.Future | None:
+    """The recording of ``exercise``'s yardstick for this batch on ``slot``'s GPU, started now unless it was
+    (None where there is nothing to record: no GPU, no solutions tree, no speed-graded part)."""
+    root = settings.yardstick
+    if settings.device != "cuda" or root is None or not any(p.speed_graded for p in exercise.parts):
+        return None
+    gpu = slot.device.get("uuid") or slot.name if slot is not None else "cuda"
+    key = (str(settings.workdir), str(gpu), exercise.name)
+    with _LOCK:
+        future = _RECORDINGS.get(key)
+        if future is None:
+            future = concurrent.futures.Future()
+            _RECORDINGS[key] = future
+            while len(_RECORDINGS) > KEPT:
+                _RECORDINGS.popitem(last=False)
+            threading.Thread(target=_record_into, args=(future, exercise, root, settings, slot, scratch),
+                             name=f"yardstick {exercise.name}", daemon=True).start()
+    return future
+
+
+def result(future: concurrent.futures.Future | None) -> Yardstick | None:
+    """The recording's result (waiting for it), or None where none was started."""
+    if future is None:
+        return None
+    try:
+        return future.result(timeout=WAIT_S)
+    except Exception as exc:  # a fault of the grader's side: no yardstick
+        return Yardstick(problems=[f"recording the reference solution failed: {type(exc).__name__}: {exc}"])
+
+
+def _record_into(future: concurrent.futures.Future, exercise: Exercise, root: Path, settings: RunSettings,
+                 slot: Slot | None, scratch: Path) -> None:
+    try:
+        future.set_result(record(exercise, root, settings=settings, slot=slot, scratch=scratch))
+    except BaseException as exc:
+        future.set_exception(exc)
+
+
+def record(exercise: Exercise, root: Path, *, settings: RunSettings, slot: Slot | None, scratch: Path) -> Yardstick:
+    """Record the speed items of ``exercise`` in the tree ``root`` (the reference solutions) in a sandboxed worker,
+    as a student's are recorded, and return their plans."""
+    import time
+
+    began = time.monotonic()
+    if slot is not None:
+        settings = replace(settings, env={**settings.env, **slot.env}, gpu_name=slot.gpu_name or settings.gpu_name)
+    items = [item for item in plan_mod.plan(exercise, device="cuda", secret=settings.secret, random_cases=0,
+                                            speed_budget_s=settings.speed_budget_s, cases_seed=settings.cases_seed)
+             if item.kind == "speed"]
+    refs = references.CaseReferences(settings.references or references.local(settings.secret), exercise.name)
+    run = supervise.run(exercise, root, items, settings, scratch=scratch / f"yardstick-{exercise.name}",
+                        arbiter=slot.arbiter if slot is not None else None, defer_speed=True, references=refs)
+    found = Yardstick()
+    recorded = {item.part.name: reply for item, _, reply in run.to_time if isinstance(reply, protocol.SpeedDone)}
+    for item in items:
+        reply = recorded.get(item.part.name)
+        if reply is None:
+            why = run.failed.get(item.id) or "the reference's worker recorded nothing"
+            found.problems.append(f"{item.part.name}: {why}")
+            continue
+        plans = {label: plan for label, plan in reply.measurement.plans.items() if isinstance(plan, LaunchPlan)}
+        found.plans[item.part.name] = plans
+        missing = [b.label for b in item.part.benchmarks if b.label not in plans]
+        if missing:
+            found.problems.append(f"{item.part.name}: the reference's calls on {', '.join(missing)} were not recorded")
+    found.seconds = time.monotonic() - began
+    return found
