@@ -62,14 +62,15 @@ def run(args: argparse.Namespace) -> int:  # "list"
                     pieces.append(f"speed curve: {curve.describe(part.speed_baseline or 'the baseline')}")
                 else:
                     defaults = True
-                    pieces.append("speed curve: the reference solution timed beside the student*")
+                    pieces.append("speed curve: the default*")
             print(f"  {part.name:14} {', '.join(pieces)}")
     if defaults:
         from grader.speed.thresholds import FULL_FRACTION, PARTIAL_FRACTION
 
-        print(f"* full speed credit from {FULL_FRACTION:g} of the reference solution's speed, timed in the same rounds "
-              f"on the grading GPU, none at or below {PARTIAL_FRACTION:g} of it, linear between; a course sets its own "
-              "in course.toml [speed_curve]")
+        print(f"* full speed credit from {FULL_FRACTION:g} of the reference solution's speed on the grading GPU, "
+              f"none at or below {PARTIAL_FRACTION:g} of it, linear between: the reference timed in the same rounds "
+              "with `grader grade --yardstick`, else its calibrated time in the GPU's thresholds file (less twice its "
+              "measured spread); a course sets its own in course.toml [speed_curve]")
     return 0
 
 

@@ -76,8 +76,9 @@ def test_grader_list_states_the_curve_and_a_changed_curve_is_a_changed_course(tm
     out = capsys.readouterr().out
     assert "speed curve: full credit from 0.6× sdpa-flash's speed, none at or below 0.2×" in out
     assert out.count("speed curve: full credit from 0.6×") == 2  # flash_attention's forward and autograd
-    assert out.count("speed curve: the reference solution timed beside the student*") == 4  # the other parts
-    assert "* full speed credit from 0.92 of the reference solution's speed, timed in the same rounds" in out
+    assert out.count("speed curve: the default*") == 4  # the other speed-graded parts
+    assert "* full speed credit from 0.92 of the reference solution's speed on the grading GPU" in out
+    assert "`grader grade --yardstick`" in out
     assert config.load_course(path).fingerprint() != config.load_course().fingerprint()
 
 

@@ -159,7 +159,8 @@ def test_the_reference_is_recorded_once_per_batch_and_gpu_in_a_worker_like_a_stu
     calls, gate = [], threading.Event()
 
     def fake_run(exercise, root, items, settings, **kw):
-        calls.append((exercise.name, root, [i.kind for i in items], kw["defer_speed"]))
+        assert kw["scratch"].is_dir() and kw["scratch"].is_relative_to(settings.workdir)  # the batch's, made
+        calls.append((exercise.name, root, [i.kind for i in items], kw["defer_speed"], kw["arbiter"]))
         gate.wait(5)
         plans = {b.label: _plan() for b in items[0].part.benchmarks[1:]}  # the first benchmark not recorded
         done = protocol.SpeedDone(items[0].id, SpeedMeasurement(GPU, plans=plans))
@@ -168,19 +169,19 @@ def test_the_reference_is_recorded_once_per_batch_and_gpu_in_a_worker_like_a_stu
     monkeypatch.setattr(supervise, "run", fake_run)
     settings = _settings(tmp_path)
     slot = SimpleNamespace(device={"uuid": "GPU-1"}, name="cuda:0", env={}, gpu_name=GPU, arbiter=None)
-    first = yardstick_plans.start(gelu, settings=settings, slot=slot, scratch=tmp_path)
-    second = yardstick_plans.start(gelu, settings=settings, slot=slot, scratch=tmp_path)
+    first = yardstick_plans.start(gelu, settings=settings, slot=slot)
+    second = yardstick_plans.start(gelu, settings=settings, slot=slot)
     assert first is second
     gate.set()
     found = yardstick_plans.result(first)
-    assert calls == [("gelu", tmp_path / "solutions", ["speed"], True)]
+    assert calls == [("gelu", tmp_path / "solutions", ["speed"], True, None)]
     assert set(found.plans["forward"]) == {b.label for b in PART.benchmarks[1:]}
     assert found.problems == [f"forward: the reference's calls on {PART.benchmarks[0].label} were not recorded"]
     other = SimpleNamespace(device={"uuid": "GPU-2"}, name="cuda:1", env={}, gpu_name=GPU, arbiter=None)
-    yardstick_plans.result(yardstick_plans.start(gelu, settings=settings, slot=other, scratch=tmp_path))
+    yardstick_plans.result(yardstick_plans.start(gelu, settings=settings, slot=other))
     assert len(calls) == 2
-    assert yardstick_plans.start(gelu, settings=replace(settings, device="cpu"), slot=slot,
-                                 scratch=tmp_path) is None  # nothing to record without a GPU
+    no_gpu = replace(settings, device="cpu")
+    assert yardstick_plans.start(gelu, settings=no_gpu, slot=slot) is None  # nothing to record without a GPU
 
 
 def test_a_failed_recording_is_the_graders_side_and_leaves_no_yardstick(tmp_path, monkeypatch):
@@ -189,10 +190,29 @@ def test_a_failed_recording_is_the_graders_side_and_leaves_no_yardstick(tmp_path
 
     monkeypatch.setattr(supervise, "run", broken)
     settings = _settings(tmp_path / "b")
-    found = yardstick_plans.result(yardstick_plans.start(exercises.get("gelu"), settings=settings, slot=None,
-                                                         scratch=tmp_path))
+    found = yardstick_plans.result(yardstick_plans.start(exercises.get("gelu"), settings=settings, slot=None))
     assert found.plans == {} and "the solutions tree is gone" in found.problems[0]
     notes = runner._Yardstick(None, "gelu", settings)
     notes._found = found
     assert "could not be timed beside this submission" in notes.notes()[0]
     assert notes.plans("forward") == {}
+
+
+def test_the_yardstick_is_asked_for_on_the_command_line_and_only_a_gpu_run_gets_it(tmp_path):
+    import argparse
+
+    from grader.grading import config
+    from grader.grading.commands import grade
+
+    parser = argparse.ArgumentParser()
+    grade.add_arguments(parser)
+    asked = grade.options_from_args(parser.parse_args(["sub", "--yardstick"]))
+    assert asked.yardstick and not grade.options_from_args(parser.parse_args(["sub"])).yardstick
+    course = config.load_course(None)
+
+    def settings(options, device):
+        return config.resolve(options, course, device=device, secret="s", workdir=tmp_path)
+
+    assert settings(asked, "cuda").yardstick == config.default_solutions()
+    assert settings(asked, "cpu").yardstick is None
+    assert settings(config.GradeOptions(), "cuda").yardstick is None

@@ -238,6 +238,8 @@ class GradeOptions:
     # where the hidden cases' inputs and references are kept (default OUT/staff/references): a grading server points
     # every batch it runs (one per submission, one secret) at one folder, so each case is computed once
     references: Path | None = None
+    # on a GPU, the reference solutions timed beside every submission (RunSettings.yardstick)
+    yardstick: bool = False
 
     def replace(self, **changes: Any) -> GradeOptions:
         values = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -305,7 +307,8 @@ def resolve(options: GradeOptions, course: Course, *, device: str, secret: str, 
         cases_seed=course.cases_seed,
         speed_curves=dict(course.speed_curves),
         parallel_parts=device == "cuda",
-        yardstick=default_solutions() if device == "cuda" and default_solutions().is_dir() else None,
+        yardstick=(default_solutions() if options.yardstick and device == "cuda" and default_solutions().is_dir()
+                   else None),
     )
 
 

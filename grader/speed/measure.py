@@ -197,9 +197,11 @@ def measure_benchmark(
         known = ", ".join(part.baselines)
         raise ValueError(f"part {part.name!r} declares no baseline {', '.join(unknown)} (has: {known})")
     row = BenchmarkTiming(bench.label)
-    candidates = [timing.Candidate(STUDENT, call, output_checker(part, bench.case, device))]
+    # a replay's outputs and scratch are poisoned before every call, outside the timed region (Replay.stage)
+    candidates = [timing.Candidate(STUDENT, call, output_checker(part, bench.case, device),
+                                   setup=getattr(call, "stage", None))]
     candidates += [timing.Candidate(name, part.baselines[name]) for name in baselines]
-    candidates += [timing.Candidate(name, fn) for name, fn in (extra or {}).items()]
+    candidates += [timing.Candidate(name, fn, setup=getattr(fn, "stage", None)) for name, fn in (extra or {}).items()]
     sources = input_sets(part, bench, sets, device=device)
     if device == "cpu":
         sources = [device_inputs(inputs, device) for inputs in sources]  # fresh copies of the remembered sets

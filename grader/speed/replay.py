@@ -7,12 +7,19 @@ launcher from the recorded signature. A call of the replay takes the inputs (the
 out as the benchmark's inputs are), allocates the outputs and scratch buffers, runs the steps on the
 current stream (and side streams of its own where the call used several: the current stream waits for
 all of them at the end, so every kernel's time is counted) and returns the outputs as tensors.
+
+No call finds what an earlier call left in its memory. The caching allocator hands freed memory back with its
+contents, so a kernel could keep its results in its scratch (or output) memory and, given the same input again,
+return them without computing. :meth:`Replay.stage`, which the timing engine runs before every call, outside the
+timed region (:class:`grader.speed.timing.Candidate`'s ``setup``), allocates the next call's outputs and scratch
+and fills them with :data:`POISON_BYTE`; it returns a callable that fills that same memory again, which graph
+mode runs before each replay of a captured call (a CUDA graph runs on the same memory every time).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -28,6 +35,52 @@ POISON_BYTE = 0xFF  # every float format reads it as NaN: an element no replayed
 
 class ReplayError(RuntimeError):
     """The plan could not be loaded or launched (a kernel that does not load, a launch the driver refuses)."""
+
+
+def _cuda_bytes(nbytes: int) -> torch.Tensor:
+    return torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+
+
+def poison(memory: Sequence[torch.Tensor]) -> None:
+    """Fill every byte of ``memory`` with :data:`POISON_BYTE` (one memset each, on the current stream)."""
+    for block in memory:
+        block.fill_(POISON_BYTE)
+
+
+class CallMemory:
+    """The outputs and scratch memory of a replay's calls (``sizes``: their bytes, in the plan's order), each call
+    its own, as the student's call allocated them. :meth:`stage` allocates the next call's memory ahead of it and
+    poisons it; :meth:`take` hands a call the memory staged for it (once), or else memory allocated then, poisoned
+    only where asked (validation runs). ``allocate(nbytes)`` gives a byte tensor (the GPU's by default)."""
+
+    def __init__(self, sizes: Sequence[int], allocate: Callable[[int], torch.Tensor] = _cuda_bytes):
+        self.sizes = [int(n) for n in sizes]
+        self._allocate = allocate
+        self._staged: list[torch.Tensor] | None = None
+
+    @property
+    def nbytes(self) -> int:
+        """What one call's poisoning fills."""
+        return sum(self.sizes)
+
+    def stage(self) -> Callable[[], None]:
+        """Allocate the next call's memory and poison it; returns a callable that poisons that memory again (a
+        captured graph's replays all run on the memory of the captured call). A memory staged earlier and not
+        taken is dropped."""
+        self._staged = None  # freed first: the allocator may hand it back, and it is poisoned either way
+        memory = [self._allocate(n) for n in self.sizes]
+        poison(memory)
+        self._staged = memory
+        return lambda: poison(memory)
+
+    def take(self, *, poisoned: bool = False) -> list[torch.Tensor]:
+        """The memory for a call: the staged one (already poisoned), else fresh, poisoned if ``poisoned``."""
+        memory, self._staged = self._staged, None
+        if memory is None:
+            memory = [self._allocate(n) for n in self.sizes]
+            if poisoned:
+                poison(memory)
+        return memory
 
 
 def _load(index: int, image, folder: Path):
@@ -65,19 +118,23 @@ class Replay:
         used = sorted({s.stream for s in plan.steps} - {0})
         self.side = {n: torch.cuda.Stream() for n in used}
         self.poison = False  # fill outputs and scratch with NaN before the steps (validation runs)
+        self.memory = CallMemory([buf.nbytes for buf in plan.buffers if buf.role != "input"])
         _allocator()
+
+    def stage(self) -> Callable[[], None]:
+        """Allocate the next call's outputs and scratch and fill them with NaN (:meth:`CallMemory.stage`), outside
+        any timed region: what the timing engine runs before every call (``Candidate.setup``)."""
+        return self.memory.stage()
 
     def __call__(self, inputs: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         plan = self.plan
+        memory = iter(self.memory.take(poisoned=self.poison))
         storages: list[torch.UntypedStorage] = []
         for buf in plan.buffers:
             if buf.role == "input":
                 storages.append(inputs[buf.name].untyped_storage())
             else:
-                memory = torch.empty(buf.nbytes, dtype=torch.uint8, device="cuda")
-                if self.poison:
-                    memory.fill_(POISON_BYTE)
-                storages.append(memory.untyped_storage())
+                storages.append(next(memory).untyped_storage())
         main = torch.cuda.current_stream()
         streams = {0: main, **self.side}
         for stream in self.side.values():  # side streams start after what the current stream has queued

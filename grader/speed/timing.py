@@ -19,6 +19,15 @@ How one measurement goes (:func:`measure`):
    event, so the two CUDA events around the call measure device time alone, never the Python launch
    path. After the round, one synchronization, then every output is re-checked (untimed): a kernel
    that returns a cached result is caught, not timed as fast.
+
+   **Poisoned memory.** A candidate may have a ``setup``, run before *every* call — warm-up, the
+   calls that estimate its time, every timed call — and always outside the timed region (before the
+   L2 flush, the hold and the start event). The trusted timer's replays use it to allocate the next
+   call's outputs and scratch memory and fill them with NaN (:meth:`grader.speed.replay.Replay.stage`):
+   memory the caching allocator hands back would otherwise still hold the previous call's results, and a
+   kernel could find them there and skip its work. In graph mode the captured graph runs on the very same
+   static buffers on every replay: the callable ``setup`` returned before the capture (it re-fills the
+   memory the captured call used) runs before each replay, beside the refill of the static inputs.
 4. **Stopping.** After ``min_rounds``, stop as soon as every candidate's median is known to
    ``rel_se`` (relative standard error of the median, from the interquartile range), or the time
    budget or ``max_rounds`` is reached.
@@ -68,11 +77,15 @@ def hold_ms(launch_ms: float) -> float:
 @dataclass(frozen=True)
 class Candidate:
     """One implementation to time. ``fn(inputs)`` is the timed call. ``check(output, set_index)``
-    runs untimed after every call (warm-up included) and returns a problem, or None."""
+    runs untimed after every call (warm-up included) and returns a problem, or None. ``setup()`` runs
+    before every call, outside the timed region (the replays' outputs and scratch memory filled with
+    NaN); where it returns a callable, graph mode calls that one before each replay of the graph captured
+    after it (it re-fills the memory the captured call used), else ``setup`` again."""
 
     name: str
     fn: Callable[[dict[str, Any]], Any]
     check: Callable[[Any, int], str | None] | None = None
+    setup: Callable[[], Any] | None = None
 
 
 class CandidateError(RuntimeError):
@@ -147,6 +160,17 @@ def _call(candidate: Candidate, inputs: dict[str, Any]) -> Any:
         raise CandidateError(candidate.name, exc) from exc
 
 
+def _setup(candidate: Candidate, hook: Callable[[], Any] | None = None) -> Any:
+    """Run ``hook`` (default: the candidate's ``setup``), never inside a timed region; what it returns."""
+    hook = hook or candidate.setup
+    if hook is None:
+        return None
+    try:
+        return hook()
+    except Exception as exc:
+        raise CandidateError(candidate.name, exc) from exc
+
+
 def measure(
     candidates: Sequence[Candidate],
     sources: Sequence[Mapping[str, Any]],
@@ -186,7 +210,9 @@ def measure(
     warmup_start = clock.wall()
     for candidate in candidates:
         for index, source in enumerate(sources):
-            output = _call(candidate, fresh_inputs(source))
+            inputs = fresh_inputs(source)
+            _setup(candidate)
+            output = _call(candidate, inputs)
             clock.sync()
             if not checked(candidate, output, index):
                 return result
@@ -195,6 +221,7 @@ def measure(
         times, launches = [], []
         for k in range(3):
             inputs = fresh_inputs(sources[k % len(sources)])
+            _setup(candidate)  # before the flush, the hold and the start event: never timed
             clock.flush()
             # The first call is held the longest; the others as long as the slowest launch so far needs, as the
             # rounds will be (every millisecond held is one the GPU does nothing, in a turn others wait for).
@@ -214,7 +241,9 @@ def measure(
                                 "it wait for the GPU?): its time includes the gaps while it launches")
         extra = min(100, int(warmup_ms / estimates[candidate.name]))
         for k in range(extra):
-            _call(candidate, fresh_inputs(sources[k % len(sources)]))
+            inputs = fresh_inputs(sources[k % len(sources)])
+            _setup(candidate)
+            _call(candidate, inputs)
         clock.sync()
 
     # 2. Mode: graphs when launch overhead would dominate the fastest candidate.
@@ -239,7 +268,7 @@ def measure(
         index = round_index % len(sources)
         pending = []
         for candidate in order:
-            prepare, run = runners[candidate.name](index)
+            prepare, run = runners[candidate.name](index)  # fresh inputs, and the candidate's setup
             clock.flush()
             clock.hold(holds[candidate.name])  # the whole call is queued before the GPU reaches `start`
             start = clock.mark()
@@ -269,6 +298,7 @@ def _should_check(rounds: int) -> bool:
 def _event_runner(candidate: Candidate, sources: Sequence[Mapping[str, Any]]):
     def runner(index: int):
         inputs = fresh_inputs(sources[index])  # before the flush: the copy does not stay in L2
+        _setup(candidate)  # outputs and scratch poisoned, before the flush too
         return inputs, lambda prepared: _call(candidate, prepared)
 
     return runner
@@ -279,6 +309,11 @@ def _capture_all(candidates, sources, clock: Clock) -> dict[str, Callable[[int],
     for candidate in candidates:
         static = fresh_inputs(sources[0])
         box: dict[str, Any] = {}
+        # Before the capture, outside it: the captured call runs on the memory this prepares, and every replay
+        # runs on that same memory, so it is poisoned again before each replay.
+        repoison = _setup(candidate)
+        if not callable(repoison):
+            repoison = candidate.setup
 
         def body(candidate=candidate, static=static, box=box):
             box["out"] = _call(candidate, static)
@@ -287,8 +322,10 @@ def _capture_all(candidates, sources, clock: Clock) -> dict[str, Callable[[int],
         if replay is None:
             return {}
 
-        def runner(index: int, static=static, replay=replay, box=box):
+        def runner(index: int, candidate=candidate, static=static, replay=replay, box=box, repoison=repoison):
             refill(static, sources[index])
+            if repoison is not None:
+                _setup(candidate, repoison)
 
             def run(_prepared):
                 replay()

@@ -231,7 +231,7 @@ class ExerciseJudge:
         for rule, message in verdict.flags:
             state.flag(integrity.Flag(rule, message), scope="speed")
         return SpeedResult(verdict.status, verdict.message, verdict.fraction, verdict.rows, verdict.calibrated,
-                           verdict.roofline)
+                           verdict.roofline, list(measurement.gpu_state))
 
     def _recheck(self, item: Item, request, measurement) -> verdicts.Verdict:
         """The verdict on the speed measurement's call on fresh inputs after its recorded runs."""

@@ -84,7 +84,7 @@ def grade_exercise(exercise: Exercise, root: Path, *, settings: RunSettings, scr
         walls: dict[str, float] = {}  # each group's wall time: the longest is the exercise's critical path (--profile)
 
         timer = _timer_ahead(settings, scratch, arbiter) if timed and settings.device == "cuda" else None
-        yardstick = _Yardstick(yardstick_plans.start(exercise, settings=settings, slot=slot, scratch=scratch)
+        yardstick = _Yardstick(yardstick_plans.start(exercise, settings=settings, slot=slot)
                                if timed else None, exercise.name, settings)
         recorded = _Recorded(groups, timer, exercise.name, judge, yardstick)
 

@@ -28,7 +28,7 @@ from grader.grading.isolation import protocol
 from grader.speed.plan import LaunchPlan
 
 KEPT = 32  # recordings kept per process (a server grades batch after batch): each holds a few MB of kernels
-WAIT_S = 3600.0  # a recording that outlasts this is the grader's fault: speed falls back as if it failed
+WAIT_S = 1800.0  # a recording that outlasts this is the grader's fault: speed falls back as if it failed
 
 
 @dataclass
@@ -44,8 +44,7 @@ _LOCK = threading.Lock()
 _RECORDINGS: OrderedDict[tuple[str, ...], concurrent.futures.Future] = OrderedDict()
 
 
-def start(exercise: Exercise, *, settings: RunSettings, slot: Slot | None, scratch: Path
-          ) -> concurrent.futures.Future | None:
+def start(exercise: Exercise, *, settings: RunSettings, slot: Slot | None) -> concurrent.futures.Future | None:
     """The recording of ``exercise``'s yardstick for this batch on ``slot``'s GPU, started now unless it was
     (None where there is nothing to record: no GPU, no solutions tree, no speed-graded part)."""
     root = settings.yardstick
@@ -60,7 +59,10 @@ def start(exercise: Exercise, *, settings: RunSettings, slot: Slot | None, scrat
             _RECORDINGS[key] = future
             while len(_RECORDINGS) > KEPT:
                 _RECORDINGS.popitem(last=False)
-            threading.Thread(target=_record_into, args=(future, exercise, root, settings, slot, scratch),
+            # in the batch's workspace, not the first run's scratch: that run may end (and remove it) first
+            name = "".join(c if c.isalnum() else "-" for c in f"{gpu}-{exercise.name}")
+            folder = settings.workdir / "yardstick" / name
+            threading.Thread(target=_record_into, args=(future, exercise, root, settings, slot, folder),
                              name=f"yardstick {exercise.name}", daemon=True).start()
     return future
 
@@ -85,7 +87,7 @@ def _record_into(future: concurrent.futures.Future, exercise: Exercise, root: Pa
 
 def record(exercise: Exercise, root: Path, *, settings: RunSettings, slot: Slot | None, scratch: Path) -> Yardstick:
     """Record the speed items of ``exercise`` in the tree ``root`` (the reference solutions) in a sandboxed worker,
-    as a student's are recorded, and return their plans."""
+    as a student's are recorded, working in ``scratch``, and return their plans."""
     import time
 
     began = time.monotonic()
@@ -95,8 +97,11 @@ def record(exercise: Exercise, root: Path, *, settings: RunSettings, slot: Slot 
                                             speed_budget_s=settings.speed_budget_s, cases_seed=settings.cases_seed)
              if item.kind == "speed"]
     refs = references.CaseReferences(settings.references or references.local(settings.secret), exercise.name)
-    run = supervise.run(exercise, root, items, settings, scratch=scratch / f"yardstick-{exercise.name}",
-                        arbiter=slot.arbiter if slot is not None else None, defer_speed=True, references=refs)
+    # Not connected to the GPU's arbiter: the students' turns alone never wait for the reference's worker (it
+    # shares the GPU with their work while it records, and its autotuners time their configs beside that work).
+    scratch.mkdir(parents=True, exist_ok=True)
+    run = supervise.run(exercise, root, items, settings, scratch=scratch, arbiter=None, defer_speed=True,
+                        references=refs)
     found = Yardstick()
     recorded = {item.part.name: reply for item, _, reply in run.to_time if isinstance(reply, protocol.SpeedDone)}
     for item in items:

@@ -107,6 +107,7 @@ class SpeedResult:
     rows: list[BenchmarkCredit] = field(default_factory=list)  # per benchmark
     calibrated: bool = False
     roofline: dict[str, Any] = field(default_factory=dict)
+    gpu_state: list[dict[str, Any]] = field(default_factory=list)  # the GPU before and after the timed rounds
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "rows": [row.to_dict() for row in self.rows]}
