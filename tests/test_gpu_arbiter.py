@@ -856,3 +856,21 @@ def test_the_profile_says_how_long_processes_waited_to_use_the_gpu_during_turns(
 
     assert blocked_text({"timer": 0.5, "worker": 3.25}) == (
         "waiting to use the GPU while it was held alone (held up, not compiling): workers 3.2 s, trusted timers 0.5 s")
+
+
+def test_a_worker_that_fails_to_start_leaves_no_connection_a_turn_would_wait_for(tmp_path):
+    """A worker whose construction fails after it connected to the GPU's arbiter (its scratch folder gone, say) would
+    never answer a pause: every later turn alone waited for it, and a whole batch stalled. It is disconnected."""
+    from grader.grading.config import RunSettings
+    from grader.grading.exercise_run import workers
+
+    arbiter = GpuArbiter()
+    settings = RunSettings(device="cpu", secret="s", random_cases=0, timeout_s=10, call_timeout_s=5, memory_mb=None,
+                           speed_budget_s=1, workdir=tmp_path)
+    with pytest.raises(FileNotFoundError):
+        workers.Worker(settings, tmp_path, tmp_path / "no such scratch", None, {}, arbiter)
+    assert arbiter._clients == []  # nothing a drain waits for
+    granted = []
+    with arbiter.alone():  # granted: no client to pause
+        granted.append(True)
+    assert granted == [True]

@@ -168,13 +168,13 @@ def test_the_reference_is_recorded_once_per_batch_and_gpu_in_a_worker_like_a_stu
 
     monkeypatch.setattr(supervise, "run", fake_run)
     settings = _settings(tmp_path)
-    slot = SimpleNamespace(device={"uuid": "GPU-1"}, name="cuda:0", env={}, gpu_name=GPU, arbiter=None)
+    slot = SimpleNamespace(device={"uuid": "GPU-1"}, name="cuda:0", env={}, gpu_name=GPU, arbiter="the slot's arbiter")
     first = yardstick_plans.start(gelu, settings=settings, slot=slot)
     second = yardstick_plans.start(gelu, settings=settings, slot=slot)
     assert first is second
     gate.set()
     found = yardstick_plans.result(first)
-    assert calls == [("gelu", tmp_path / "solutions", ["speed"], True, None)]
+    assert calls == [("gelu", tmp_path / "solutions", ["speed"], True, "the slot's arbiter")]
     assert set(found.plans["forward"]) == {b.label for b in PART.benchmarks[1:]}
     assert found.problems == [f"forward: the reference's calls on {PART.benchmarks[0].label} were not recorded"]
     other = SimpleNamespace(device={"uuid": "GPU-2"}, name="cuda:1", env={}, gpu_name=GPU, arbiter=None)

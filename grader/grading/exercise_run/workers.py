@@ -83,51 +83,61 @@ class Worker:
         self.compilations: list[tuple[str, float]] = []  # (what, seconds), each stretch of compiling
         self._compiling: tuple[str, float] | None = None  # (what, since) while the worker compiles
         self.gate = arbiter.connect(f"the worker of {scratch.name}") if arbiter is not None else None
-        gate_fds = self.gate.process_fds if self.gate is not None else ()
-        req_r, self._req_w = os.pipe()
-        self._rep_r, rep_w = os.pipe()
-        cwd = Path(tempfile.mkdtemp(prefix="run-", dir=scratch))
-        box = settings.sandbox
-        home = bwrap.SCRATCH if box is not None else str(cwd)
-        env = processes.minimal_env({"GRADER_DEVICE": settings.device, **settings.env}, home=home)
-        if cache_dir is not None:  # compiled kernels are shared by one submission's workers, never across students
-            cache_dir.mkdir(parents=True, exist_ok=True)
-            env["TRITON_CACHE_DIR"] = bwrap.TRITON_CACHE if box is not None else str(cache_dir)
-        if settings.device == "cpu":
-            env["TRITON_INTERPRET"] = "1"
-        lib = bwrap.LIB if box is not None else str(package_link(settings.workdir))
-        pycache = bytecode.for_sandbox() if box is not None else None
-        argv = [sys.executable, "-I", *bytecode.options(pycache), "-u", "-c", _BOOT, lib,
-                "--requests-fd", str(req_r), "--fd", str(rep_w), "--file-mb", str(settings.result_cap_mb)]
-        if settings.memory_mb and settings.device != "cuda":  # CUDA needs a huge address space: see processes.py
-            argv += ["--memory-mb", str(settings.memory_mb)]
-        if gate_fds:
-            argv += ["--gate", ",".join(map(str, gate_fds))]
-        if settings.nice > 0:
-            argv += ["--nice", str(settings.nice)]
-        if box is not None:
-            import grader
-
-            binds = bwrap.worker_binds(submission=root, package=Path(grader.__file__).resolve().parent,
-                                       scratch=cwd, triton_cache=cache_dir, pycache=pycache)
-            argv, env = box.command(argv, binds=binds, env=env, cwd=home), {}
-        rss = settings.memory_mb * MB if settings.memory_mb else None
         try:
-            self.process = processes.Process(argv, cwd=str(cwd), env=env, rss_limit_bytes=rss,
-                                             output_cap=settings.output_cap, pass_fds=(req_r, rep_w, *gate_fds),
-                                             pid_namespace=box is not None)
+            self._spawn(settings, root, scratch, cache_dir)
         except BaseException:
+            # A connection whose process never started would never answer a pause: every later turn alone on
+            # the GPU would wait for it, and the batch with them.
             if self.gate is not None:
                 self.gate.close()
             raise
-        finally:
-            os.close(req_r)
-            os.close(rep_w)
         if self.gate is not None:
             self.gate.name += f" (pid {self.process.pid})"
             if settings.nice > 0:  # a turn alone may wait for its GPU work: see GpuArbiter
                 self.gate.hurry = lambda on: self.process.set_niceness(0 if on else settings.nice)
             self.gate.started()
+
+    def _spawn(self, settings: RunSettings, root: Path, scratch: Path, cache_dir: Path | None) -> None:
+        gate_fds = self.gate.process_fds if self.gate is not None else ()
+        cwd = Path(tempfile.mkdtemp(prefix="run-", dir=scratch))
+        req_r, self._req_w = os.pipe()
+        self._rep_r, rep_w = os.pipe()
+        try:
+            box = settings.sandbox
+            home = bwrap.SCRATCH if box is not None else str(cwd)
+            env = processes.minimal_env({"GRADER_DEVICE": settings.device, **settings.env}, home=home)
+            if cache_dir is not None:  # compiled kernels are shared by one submission's workers, never across students
+                cache_dir.mkdir(parents=True, exist_ok=True)
+                env["TRITON_CACHE_DIR"] = bwrap.TRITON_CACHE if box is not None else str(cache_dir)
+            if settings.device == "cpu":
+                env["TRITON_INTERPRET"] = "1"
+            lib = bwrap.LIB if box is not None else str(package_link(settings.workdir))
+            pycache = bytecode.for_sandbox() if box is not None else None
+            argv = [sys.executable, "-I", *bytecode.options(pycache), "-u", "-c", _BOOT, lib,
+                    "--requests-fd", str(req_r), "--fd", str(rep_w), "--file-mb", str(settings.result_cap_mb)]
+            if settings.memory_mb and settings.device != "cuda":  # CUDA needs a huge address space: see processes.py
+                argv += ["--memory-mb", str(settings.memory_mb)]
+            if gate_fds:
+                argv += ["--gate", ",".join(map(str, gate_fds))]
+            if settings.nice > 0:
+                argv += ["--nice", str(settings.nice)]
+            if box is not None:
+                import grader
+
+                binds = bwrap.worker_binds(submission=root, package=Path(grader.__file__).resolve().parent,
+                                           scratch=cwd, triton_cache=cache_dir, pycache=pycache)
+                argv, env = box.command(argv, binds=binds, env=env, cwd=home), {}
+            rss = settings.memory_mb * MB if settings.memory_mb else None
+            self.process = processes.Process(argv, cwd=str(cwd), env=env, rss_limit_bytes=rss,
+                                             output_cap=settings.output_cap, pass_fds=(req_r, rep_w, *gate_fds),
+                                             pid_namespace=box is not None)
+        except BaseException:
+            os.close(self._req_w)
+            os.close(self._rep_r)
+            raise
+        finally:
+            os.close(req_r)
+            os.close(rep_w)
         self._replies: queue.Queue = queue.Queue()
         self._writes: queue.Queue = queue.Queue()
         threading.Thread(target=self._read, name="worker replies", daemon=True).start()

@@ -97,11 +97,11 @@ def record(exercise: Exercise, root: Path, *, settings: RunSettings, slot: Slot 
                                             speed_budget_s=settings.speed_budget_s, cases_seed=settings.cases_seed)
              if item.kind == "speed"]
     refs = references.CaseReferences(settings.references or references.local(settings.secret), exercise.name)
-    # Not connected to the GPU's arbiter: the students' turns alone never wait for the reference's worker (it
-    # shares the GPU with their work while it records, and its autotuners time their configs beside that work).
+    # Connected to the GPU's arbiter like a student's worker: its autotuners time their configs alone, and it
+    # pauses for the students' turns.
     scratch.mkdir(parents=True, exist_ok=True)
-    run = supervise.run(exercise, root, items, settings, scratch=scratch, arbiter=None, defer_speed=True,
-                        references=refs)
+    run = supervise.run(exercise, root, items, settings, scratch=scratch,
+                        arbiter=slot.arbiter if slot is not None else None, defer_speed=True, references=refs)
     found = Yardstick()
     recorded = {item.part.name: reply for item, _, reply in run.to_time if isinstance(reply, protocol.SpeedDone)}
     for item in items:
