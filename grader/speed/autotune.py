@@ -46,11 +46,11 @@ FIRST, COMPILE, TUNE = "first", "compile", "tune"
 # Timing one candidate in TUNE mode, in ms (Triton's own default is 25 + 100). With the GPU alone and a choice's
 # candidates interleaved, the runs that fit in 10 ms picked configs for the reference solutions that keep their
 # speed credit; the workers' autotuning held the GPU alone half as long as with 5 + 25 ms, every other process on it
-# waiting meanwhile (docs/performance.md, "Grading time").
+# waiting meanwhile (docs/decisions/0002-student-autotuning.md).
 TUNE_WARMUP_MS, TUNE_REP_MS = 2, 10
 # The rounds a choice's candidates are timed in, each candidate's calls spread evenly over them: a drift of the GPU's
 # speed while a choice is timed (on an H200, one matmul config's median moved by up to 11 % from one 150 ms timing to
-# the next) then moves every candidate alike, not the ones timed last (docs/performance.md, "Grading time").
+# the next) then moves every candidate alike, not the ones timed last (docs/decisions/0002-student-autotuning.md).
 TUNE_ROUNDS = 10
 # Threads compiling one choice's candidates at once. Triton's compiler leaves Python's lock while it works (its
 # passes, ptxas), so they run side by side; a choice has a handful of candidates (the reference solutions: 4 to 7).

@@ -171,7 +171,7 @@ class StopRule:
         credit at 0.92 of the reference's calibrated ratio at most, a kernel 15 % slower at 0.87 of it). A benchmark
         whose calls spread by an IQR of 3.5 % of the median (FlashAttention's forward and backward) needs 11 rounds
         for ±1 %, 43 for ±0.5 %. The thresholds themselves come from calibration's finer rule. Measured in
-        docs/performance.md ("Grading time")."""
+        docs/decisions/0001-grading-timing-rule.md."""
         return cls(min_rounds=10, rel_se=0.01, budget_s=budget_s)
 
     @classmethod

@@ -37,7 +37,7 @@ CPU = "cpu.txt"  # beside the result, as the timer ends: the CPU seconds it and 
 # that estimate its time (calibration's is 25 ms). The turn follows other processes' GPU work, so the GPU's clocks
 # are up already, and every millisecond of it is one every other process on the GPU waits: with 25 ms the timers held
 # the GPU alone 52-54 s per batch of 10, with 5 ms 37 s, every reference still with full speed credit
-# (docs/performance.md, "Grading time").
+# (docs/decisions/0001-grading-timing-rule.md).
 WARMUP_MS = 5.0
 
 
