@@ -16,7 +16,7 @@ import hmac
 import shutil
 import tempfile
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlencode, urlsplit
@@ -30,7 +30,7 @@ from starlette.routing import Route
 
 from grader.checks.spec import Exercise
 from grader.grading.config import Course
-from grader.serve import gradebook, intake, leaderboard, outcome, pages, queue, storage, tokens
+from grader.serve import audit, extensions, gradebook, intake, leaderboard, outcome, pages, queue, storage, tokens
 from grader.serve.backend import Backend
 from grader.serve.db import Database
 from grader.serve.policy import Policy
@@ -44,6 +44,7 @@ REPORT_FILES = {"report.html": "text/html; charset=utf-8", "report.md": "text/ma
 REPORT_CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; frame-ancestors 'self'"
 FORM_MAX_BYTES = 8 << 10  # a login or a leaderboard choice: a token and a name
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+UPLOAD_MAX_BODY = intake.MAX_UPLOAD_BYTES + (1 << 20)  # the file's limit plus room for the multipart framing
 
 
 @dataclass
@@ -63,6 +64,8 @@ class Service:
     workers: int = 1
     pool: Pool | None = field(default=None, init=False)
     class_lock: threading.Lock = field(default_factory=threading.Lock, init=False)  # one class report build at a time
+    uploads_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    uploading: set[str] = field(default_factory=set, init=False)  # students whose upload is being received now
 
 
 def _api(request: Request) -> bool:
@@ -80,10 +83,16 @@ def _who(request: Request, *, instructor: bool = False) -> Principal:
         if who is not None and request.method not in SAFE_METHODS:
             _same_origin(request)  # a browser sends the cookie with another site's form too
     if who is None:
+        if header:  # a token that is not (or no longer) valid; an expired cookie is not worth an entry
+            audit.record(service.db, audit.ANONYMOUS, "login-failed", "", f"API token from {_client(request)}")
         raise HTTPException(401, "log in with your token")
     if instructor and not who.is_instructor:
         raise HTTPException(403, "this page is the instructor's")
     return who
+
+
+def _client(request: Request) -> str:
+    return request.client.host if request.client else "unknown address"
 
 
 def _same_origin(request: Request) -> None:
@@ -129,7 +138,9 @@ def _visible(request: Request, who: Principal, submission_id: int) -> Submission
 
 def _detailed(service: Service, subs: list[Submission]) -> list[Submission]:
     places = queue.positions(service.db) if any(s.status == queue.QUEUED for s in subs) else {}
+    removed = {r["id"] for r in service.db.query("SELECT id FROM students WHERE removed IS NOT NULL")}
     for sub in subs:
+        sub.student_removed = sub.student in removed
         sub.position = places.get(sub.id)
         sub.grade = queue.grade_of(service.db, sub.id)
         if sub.status == RUNNING:
@@ -157,9 +168,13 @@ async def login(request: Request) -> Response:
     _same_origin(request)
     service: Service = request.app.state.service
     form = await _small_form(request)
-    session = tokens.open_session(service.db, str(form.get("token", "")))
+    token = str(form.get("token", ""))
+    session = tokens.open_session(service.db, token)
     if session is None:
+        audit.record(service.db, audit.ANONYMOUS, "login-failed", "", f"web login from {_client(request)}")
         return HTMLResponse(pages.login("That token is not valid."), status_code=401)
+    audit.record(service.db, audit.actor_of(tokens.authenticate(service.db, token)), "login", "",
+                 f"web login from {_client(request)}")
     response = RedirectResponse("/", status_code=303)
     response.set_cookie(COOKIE, session, max_age=tokens.SESSION_S, httponly=True, samesite="strict",
                         secure=request.url.scheme == "https")
@@ -189,40 +204,34 @@ async def me(request: Request) -> Response:
     error = request.query_params.get("error", "")
     if not hmac.compare_digest(request.query_params.get("sig", ""), _signature(service, error)):
         error = ""  # words in a link someone else made: not shown
+    own = extensions.policy_for(service.db, service.policy, student.id)  # their deadlines, extensions applied
     return HTMLResponse(pages.student_home(who, student, subs, device_html=_device_html(service),
-                                           deadlines=service.policy.to_dict()["deadlines"], error=error))
+                                           deadlines=own.to_dict()["deadlines"], error=error))
 
 
 async def submit(request: Request) -> Response:
-    """A new submission: the web form's (redirects to its page) or the API's (201 and JSON)."""
+    """A new submission: the web form's (redirects to its page) or the API's (201 and JSON). Everything that can
+    refuse it without its bytes is checked before the body is read: its declared size, the student's limits, the
+    queue's room, and one upload in flight per student."""
     who = _who(request)
     api = _api(request)
     if who.is_instructor or who.student is None:
         raise HTTPException(403, "only students hand in submissions")
     service: Service = request.app.state.service
-    if not request.headers.get("content-type", "").startswith("multipart/form-data"):
-        raise HTTPException(415, "a submission is a multipart/form-data upload (form field 'file')")
-    length = request.headers.get("content-length")
-    if length is None:
-        raise HTTPException(411, "the upload needs a Content-Length")
-    if int(length) > intake.MAX_UPLOAD_BYTES + (1 << 20):
-        raise HTTPException(413, f"the upload is larger than {intake.MAX_UPLOAD_BYTES >> 20} MB")
-    async with request.form(max_files=1, max_fields=4) as form:
-        upload = form.get("file")
-        if upload is None or isinstance(upload, str) or not upload.filename:
-            raise HTTPException(400, "no file in the upload (form field 'file')")
-        with tempfile.NamedTemporaryFile(prefix="grader-serve-upload-") as data:
-            await run_in_threadpool(shutil.copyfileobj, upload.file, data)
-            data.flush()
-            try:
-                accepted = await run_in_threadpool(
-                    intake.accept, service.db, folder=service.folder, student=who.student, filename=upload.filename,
-                    data_file=Path(data.name), size=data.tell(), policy=service.policy, selected=service.selected)
-            except queue.Refused as exc:
-                if not api:
-                    return RedirectResponse(f"/me?{_signed(service, str(exc))}", status_code=303)
-                headers = {"Retry-After": str(exc.retry_after_s)} if exc.retry_after_s else None
-                return JSONResponse({"error": str(exc)}, status_code=exc.status, headers=headers)
+    try:
+        _check_upload_headers(request)
+        await run_in_threadpool(queue.precheck, service.db, who.student, service.policy)
+        with _one_upload(service, who.student):
+            accepted = await _receive(request, service, who.student)
+    except queue.Refused as exc:
+        audit.record(service.db, audit.actor_of(who), "submit-refused", who.student, str(exc))
+        if not api:
+            return RedirectResponse(f"/me?{_signed(service, str(exc))}", status_code=303)
+        headers = {"Retry-After": str(exc.retry_after_s)} if exc.retry_after_s else None
+        return JSONResponse({"error": str(exc)}, status_code=exc.status, headers=headers)
+    audit.record(service.db, audit.actor_of(who), "submit", who.student,
+                 f"#{accepted.id}: {', '.join(accepted.exercises)}" + (f" (late: {', '.join(accepted.late)})"
+                                                                        if accepted.late else ""))
     if service.pool is not None:
         service.pool.wake()
     if not api:
@@ -230,6 +239,46 @@ async def submit(request: Request) -> Response:
     sub = _visible(request, who, accepted.id)
     return JSONResponse({**sub.to_dict(), "problems": accepted.problems, "url": f"/submissions/{accepted.id}"},
                         status_code=201)
+
+
+def _check_upload_headers(request: Request) -> None:
+    if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+        raise queue.Refused("a submission is a multipart/form-data upload (form field 'file')", status=415)
+    length = request.headers.get("content-length")
+    if length is None or not length.isdigit():
+        raise queue.Refused("the upload needs a Content-Length (a whole number of bytes)", status=411)
+    if int(length) > UPLOAD_MAX_BODY:
+        raise queue.Refused(f"the upload is {int(length) >> 20} MB; the limit is {intake.MAX_UPLOAD_BYTES >> 20} MB",
+                            status=413)
+
+
+@contextlib.contextmanager
+def _one_upload(service: Service, student: str) -> Iterator[None]:
+    """At most one upload of ``student`` is received at a time: a second is refused before its body is read."""
+    with service.uploads_lock:
+        if student in service.uploading:
+            raise queue.Refused("you have an upload in progress already: wait for it to finish (one at a time)",
+                                status=429, retry_after_s=10)
+        service.uploading.add(student)
+    try:
+        yield
+    finally:
+        with service.uploads_lock:
+            service.uploading.discard(student)
+
+
+async def _receive(request: Request, service: Service, student: str) -> intake.Accepted:
+    """Read the multipart body and hand the file to the intake (which checks and queues it)."""
+    async with request.form(max_files=1, max_fields=4) as form:
+        upload = form.get("file")
+        if upload is None or isinstance(upload, str) or not upload.filename:
+            raise queue.Refused("no file in the upload (form field 'file')", status=400)
+        with tempfile.NamedTemporaryFile(prefix="grader-serve-upload-") as data:
+            await run_in_threadpool(shutil.copyfileobj, upload.file, data)
+            data.flush()
+            return await run_in_threadpool(
+                intake.accept, service.db, folder=service.folder, student=student, filename=upload.filename,
+                data_file=Path(data.name), size=data.tell(), policy=service.policy, selected=service.selected)
 
 
 async def set_leaderboard(request: Request) -> Response:
@@ -312,18 +361,22 @@ def _class_file(service: Service, name: str) -> bytes:
     out = service.folder / "class"
     with service.class_lock:
         gradebook.build(service.db, folder=service.folder, out=out, course=service.course,
-                        all_exercises=service.all_exercises, exercises=[e.name for e in service.selected])
+                        all_exercises=service.all_exercises, exercises=[e.name for e in service.selected],
+                        policy=service.policy)
+        storage.tighten(out)  # the grader's writers make reports 0644
         return (out / name).read_bytes()
 
 
 async def class_report(request: Request) -> Response:
     _who(request, instructor=True)
+    audit.record(request.app.state.service.db, "instructor", "export", "class-report.html", "web")
     body = await run_in_threadpool(_class_file, request.app.state.service, "class-report.html")
     return Response(body, media_type="text/html; charset=utf-8", headers={"Content-Security-Policy": REPORT_CSP})
 
 
 async def grades_csv(request: Request) -> Response:
     _who(request, instructor=True)
+    audit.record(request.app.state.service.db, "instructor", "export", "grades.csv", "web")
     body = await run_in_threadpool(_class_file, request.app.state.service, "grades.csv")
     return Response(body, media_type="text/csv; charset=utf-8")
 
@@ -336,14 +389,15 @@ async def standings_json(request: Request) -> Response:
 
 
 async def roster(request: Request) -> Response:
-    _who(request, instructor=True)
+    who = _who(request, instructor=True)
     service: Service = request.app.state.service
     if request.method == "POST":
         if not request.headers.get("content-type", "").startswith("application/json"):
             raise HTTPException(415, "the roster takes JSON (Content-Type: application/json)")
         data = await request.json()
         try:
-            token = tokens.add_student(service.db, str(data.get("student", "")), display_name=data.get("name"))
+            token = tokens.add_student(service.db, str(data.get("student", "")), display_name=data.get("name"),
+                                       actor=audit.actor_of(who))
         except tokens.RosterError as exc:
             return JSONResponse({"error": str(exc)}, status_code=409)
         return JSONResponse({"student": data["student"], "token": token}, status_code=201)

@@ -7,6 +7,7 @@ server killed at any moment leaves the queue and the gradebook consistent. Each 
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -78,6 +79,53 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (submission, exercise, part, benchmark)
     );
     """,
+    # 3: a dropped student stays in the history (their submissions kept) but leaves the roster and the gradebook
+    """
+    ALTER TABLE students ADD COLUMN removed REAL;  -- when they were removed; NULL: on the roster
+    """,
+    # 4: the audit log, append-only: the triggers refuse to change or delete an entry
+    """
+    CREATE TABLE audit (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        at REAL NOT NULL,
+        actor TEXT NOT NULL,                      -- 'instructor', 'student:<id>', 'cli', or 'anonymous'
+        action TEXT NOT NULL,                     -- e.g. login, login-failed, submit, token-reissue, export
+        subject TEXT NOT NULL DEFAULT '',         -- what it concerns: a student, a submission
+        detail TEXT NOT NULL DEFAULT ''
+    );
+    CREATE TRIGGER audit_no_update BEFORE UPDATE ON audit BEGIN
+        SELECT RAISE(ABORT, 'the audit log is append-only');
+    END;
+    CREATE TRIGGER audit_no_delete BEFORE DELETE ON audit BEGIN
+        SELECT RAISE(ABORT, 'the audit log is append-only');
+    END;
+    """,
+    # 5: the instructor's overrides of an exercise's score, each with its reason; the latest per (student, exercise)
+    # holds, a NULL score clears it; the rows are the history
+    """
+    CREATE TABLE overrides (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        student TEXT NOT NULL REFERENCES students(id),
+        exercise TEXT NOT NULL,
+        score REAL,                               -- NULL: the override is cleared, the graded score holds again
+        reason TEXT NOT NULL,
+        at REAL NOT NULL,
+        actor TEXT NOT NULL
+    );
+    CREATE INDEX overrides_by_student ON overrides(student, exercise, id);
+    """,
+    # 6: per-student extensions of an exercise's deadline; the latest per (student, exercise) holds
+    """
+    CREATE TABLE extensions (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        student TEXT NOT NULL REFERENCES students(id),
+        exercise TEXT NOT NULL,
+        until REAL NOT NULL,                      -- the student's deadline for it (POSIX time)
+        reason TEXT NOT NULL,
+        at REAL NOT NULL,
+        actor TEXT NOT NULL
+    );
+    """,
 )
 VERSION = len(MIGRATIONS)
 
@@ -135,8 +183,13 @@ class Database:
 
     @classmethod
     def in_folder(cls, folder: Path) -> Database:
-        folder.mkdir(parents=True, exist_ok=True)
-        return cls(folder / FILE)
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path = folder / FILE
+        if not path.exists():
+            # SQLite gives its -wal and -shm files the database file's mode: made 0600 here, they are private too
+            path.touch(mode=0o600)
+            os.chmod(path, 0o600)
+        return cls(path)
 
     def connection(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)

@@ -4,6 +4,7 @@ sizes, malformed notebooks), its exercises found, its deadlines applied, then qu
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import time
@@ -12,7 +13,7 @@ from pathlib import Path
 
 from grader.checks.spec import Exercise
 from grader.grading.batch import submission
-from grader.serve import queue, storage
+from grader.serve import extensions, queue, storage
 from grader.serve.db import Database
 from grader.serve.policy import Policy
 from grader.serve.records import Submission
@@ -58,6 +59,7 @@ def accept(db: Database, *, folder: Path, student: str, filename: str, data_file
     if not present:
         names = ", ".join(f"{e.name}/{e.module}.py" for e in selected)
         raise queue.Refused(f"no exercise module found (expected files like {names})", status=422)
+    policy = extensions.policy_for(db, policy, student)  # their own deadlines, where they have an extension
     late = policy.late_exercises(present, at=now)
     if policy.late == "refuse":
         present = [e for e in present if e not in late]
@@ -70,8 +72,9 @@ def accept(db: Database, *, folder: Path, student: str, filename: str, data_file
         target = storage.upload_path(folder, Submission(submission_id, student, filename, kind, size, [], [], now,
                                                         queue.QUEUED, 0, None, None, ""))
         shutil.rmtree(target.parent.parent, ignore_errors=True)  # an id reused after a rolled-back transaction
-        target.parent.mkdir(parents=True)
+        storage.make_private_dir(target.parent)
         shutil.copyfile(data_file, target)
+        os.chmod(target, storage.FILE_MODE)
 
     submission_id = queue.enqueue(db, student=student, filename=Path(filename).name[:200], kind=kind, size=size,
                                   exercises=present, late=late, policy=policy, place=place, now=now)

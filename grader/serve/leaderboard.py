@@ -40,7 +40,8 @@ def boards(db: Database, *, viewer: Principal, salt: str, exercise: str | None =
     rows = db.query(
         "SELECT sp.student, sp.exercise, sp.part, sp.benchmark, sp.student_ms, sp.ratio, sp.device, sp.measured, "
         "st.display_name, st.leaderboard FROM speed sp JOIN students st ON st.id = sp.student "
-        "WHERE (? IS NULL OR sp.exercise = ?) ORDER BY sp.exercise, sp.part, sp.benchmark, sp.student_ms",
+        "WHERE st.removed IS NULL AND (? IS NULL OR sp.exercise = ?) "
+        "ORDER BY sp.exercise, sp.part, sp.benchmark, sp.student_ms",
         (exercise, exercise))
     found: dict[tuple[str, str, str], Board] = {}
     seen: set[tuple[str, str, str, str]] = set()

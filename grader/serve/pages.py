@@ -69,7 +69,8 @@ def _rows(subs: list[Submission]) -> str:
         return '<p id="no-submissions">No submissions yet.</p>'
     rows = "".join(
         f'<tr class="submission" data-id="{s.id}" data-status="{_e(s.status)}"><td><a href="/submissions/{s.id}">'
-        f"#{s.id}</a></td><td>{_e(s.student)}</td><td>{_e(s.filename)}</td><td>{_when(s.created)}</td>"
+        f"#{s.id}</a></td><td>{_e(s.student)}{' (removed)' if s.student_removed else ''}</td>"
+        f"<td>{_e(s.filename)}</td><td>{_when(s.created)}</td>"
         f"<td>{_e(', '.join(s.exercises))}</td><td class=\"late\">{_e(', '.join(s.late))}</td>"
         f'<td class="status">{_e(_status(s))}</td></tr>' for s in subs)
     return ('<table id="submissions"><tr><th>id</th><th>student</th><th>file</th><th>handed in</th><th>exercises</th>'
@@ -139,16 +140,21 @@ def instructor(who: Principal, standings: list[Standing], subs: list[Submission]
         f'<tr class="standing" data-student="{_e(s.student)}"><td>{_e(s.student)}</td><td>{_e(s.display_name or "")}'
         f"</td><td>{s.submissions}</td><td>{'#' + str(s.latest_id) if s.latest_id else '-'} {_e(s.latest_status or '')}"
         f"</td><td>{score(s.latest_score, s.latest_max)}</td><td class=\"late\">{_e(', '.join(s.latest_late))}</td>"
-        f"<td>{'#' + str(s.best_id) if s.best_id else '-'}</td><td>{score(s.best_score, s.best_max)}</td></tr>"
+        f"<td>{'#' + str(s.best_id) if s.best_id else '-'}</td><td>{score(s.best_score, s.best_max)}</td>"
+        f'<td class="overrides">{_overrides(s.overrides)}</td></tr>'
         for s in standings)
     queue = ", ".join(f"{n} {status}" for status, n in counts.items())
     body = (f"{device_html}<p id=\"queue\">Queue: {_e(queue)}.</p>"
             '<p><a href="/instructor/class-report" id="class-report">class report</a> (latest on-time submissions) · '
             '<a href="/instructor/grades.csv">grades.csv</a></p>'
             '<table id="standings"><tr><th>student</th><th>name</th><th>submissions</th><th>latest</th>'
-            f"<th>latest score</th><th>late</th><th>best</th><th>best score</th></tr>{rows}</table>"
+            f"<th>latest score</th><th>late</th><th>best</th><th>best score</th><th>overrides</th></tr>{rows}</table>"
             f"<h2>Recent submissions</h2>{_rows(subs)}")
     return page("Instructor", body, who=who, refresh_s=10)
+
+
+def _overrides(found: dict[str, dict]) -> str:
+    return "; ".join(f"{_e(e)}: {o['score']:g} ({_e(o['reason'])})" for e, o in sorted(found.items()))
 
 
 def error(who: Principal | None, status: int, message: str) -> str:

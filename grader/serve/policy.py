@@ -4,7 +4,9 @@ per exercise and what happens after one."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import math
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -13,8 +15,9 @@ from typing import Any
 
 from grader.grading import config
 
-LATE_POLICIES = ("mark", "refuse")
-_KEYS = {"submissions_per_hour", "queued_per_student", "late", "deadlines"}
+LATE_POLICIES = ("mark", "refuse", "penalty")
+DAY_S = 24 * 3600.0
+_KEYS = {"submissions_per_hour", "queued_per_student", "queued_total", "late", "penalty_per_day", "deadlines"}
 
 
 class PolicyError(ValueError):
@@ -25,16 +28,35 @@ class PolicyError(ValueError):
 class Policy:
     submissions_per_hour: int = 6
     queued_per_student: int = 3  # waiting at once, per student: keeps the queue bounded
-    late: str = "mark"  # "mark": graded and marked late; "refuse": the late exercises are not graded
+    queued_total: int = 200  # waiting at once, the whole class: past it, uploads are refused before they are read
+    late: str = "mark"  # "mark": graded and marked late; "refuse": the late exercises are not graded;
+    # "penalty": graded, and in the gradebook at (1 - penalty_per_day x each day or part of one late), at least 0
+    penalty_per_day: float = 0.0  # a fraction of the exercise's points
     deadlines: Mapping[str, float] = field(default_factory=dict)  # exercise -> POSIX time
 
     def late_exercises(self, exercises: list[str], *, at: float) -> list[str]:
         """The exercises of ``exercises`` whose deadline has passed at time ``at``."""
         return [e for e in exercises if e in self.deadlines and at > self.deadlines[e]]
 
+    def late_factor(self, exercise: str, *, at: float) -> tuple[int, float]:
+        """(days late, each started day counted; the factor the score is multiplied by) of a hand-in at ``at``
+        under the "penalty" policy; (0, 1.0) when on time or under another policy."""
+        due = self.deadlines.get(exercise)
+        if self.late != "penalty" or due is None or at <= due:
+            return 0, 1.0
+        days = math.ceil((at - due) / DAY_S)
+        return days, max(0.0, 1.0 - self.penalty_per_day * days)
+
+    def with_extensions(self, extended: Mapping[str, float]) -> Policy:
+        """This policy for one student: their extensions (exercise -> deadline) replace the course's deadlines;
+        an extension never shortens one."""
+        deadlines = {e: max(t, extended.get(e, t)) for e, t in self.deadlines.items()}
+        return dataclasses.replace(self, deadlines=deadlines)
+
     def to_dict(self) -> dict[str, Any]:
         return {"submissions_per_hour": self.submissions_per_hour, "queued_per_student": self.queued_per_student,
-                "late": self.late, "deadlines": {e: _iso(t) for e, t in sorted(self.deadlines.items())}}
+                "queued_total": self.queued_total, "late": self.late, "penalty_per_day": self.penalty_per_day,
+                "deadlines": {e: _iso(t) for e, t in sorted(self.deadlines.items())}}
 
 
 def _iso(timestamp: float) -> str:
@@ -68,13 +90,19 @@ def from_table(table: Mapping[str, Any], *, source: str, known: tuple[str, ...] 
     policy = Policy(
         submissions_per_hour=int(table.get("submissions_per_hour", Policy.submissions_per_hour)),
         queued_per_student=int(table.get("queued_per_student", Policy.queued_per_student)),
+        queued_total=int(table.get("queued_total", Policy.queued_total)),
         late=str(table.get("late", Policy.late)),
+        penalty_per_day=float(table.get("penalty_per_day", Policy.penalty_per_day)),
         deadlines={str(e): _deadline(str(e), v, source) for e, v in deadlines.items()},
     )
     if policy.late not in LATE_POLICIES:
         raise PolicyError(f"{source}: [serve] late must be one of {', '.join(LATE_POLICIES)}, not {policy.late!r}")
-    if policy.submissions_per_hour < 1 or policy.queued_per_student < 1:
-        raise PolicyError(f"{source}: [serve] submissions_per_hour and queued_per_student must be at least 1")
+    if policy.late == "penalty" and not 0 < policy.penalty_per_day <= 1:
+        raise PolicyError(f"{source}: [serve] late = \"penalty\" needs penalty_per_day, a fraction of the points "
+                          f"above 0 and at most 1 (0.1: 10% a day), not {policy.penalty_per_day}")
+    if min(policy.submissions_per_hour, policy.queued_per_student, policy.queued_total) < 1:
+        raise PolicyError(f"{source}: [serve] submissions_per_hour, queued_per_student and queued_total must be at "
+                          "least 1")
     return policy
 
 

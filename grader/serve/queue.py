@@ -13,10 +13,12 @@ when the server stopped is queued again on the next start (:func:`requeue_runnin
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+from grader.serve import audit
 from grader.serve.db import Database
 from grader.serve.policy import Policy
 from grader.serve.records import DONE, FAILED, QUEUED, RUNNING, Grade, SpeedTime, Submission
@@ -73,17 +75,7 @@ def enqueue(db: Database, *, student: str, filename: str, kind: str, size: int, 
     where the worker reads it, inside the transaction: no worker sees the submission before its file is there."""
     now = time.time() if now is None else now
     with db.transaction() as conn:
-        recent = conn.execute("SELECT created FROM submissions WHERE student = ? AND created > ? ORDER BY created",
-                              (student, now - HOUR_S)).fetchall()
-        if len(recent) >= policy.submissions_per_hour:
-            wait = int(recent[0]["created"] + HOUR_S - now) + 1
-            raise Refused(f"at most {policy.submissions_per_hour} submissions an hour: try again in "
-                          f"{_minutes(wait)}", status=429, retry_after_s=wait)
-        waiting = conn.execute("SELECT COUNT(*) FROM submissions WHERE student = ? AND status = ?",
-                               (student, QUEUED)).fetchone()[0]
-        if waiting >= policy.queued_per_student:
-            raise Refused(f"you have {waiting} submission(s) waiting already (at most {policy.queued_per_student}): "
-                          "wait for one to be graded", status=429, retry_after_s=60)
+        check_room(conn, student, policy, now=now)
         cursor = conn.execute(
             "INSERT INTO submissions (student, filename, kind, bytes, exercises, late, created, status) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -91,6 +83,31 @@ def enqueue(db: Database, *, student: str, filename: str, kind: str, size: int, 
         if place is not None:
             place(int(cursor.lastrowid))
         return int(cursor.lastrowid)
+
+
+def check_room(conn: sqlite3.Connection, student: str, policy: Policy, *, now: float) -> None:
+    """Raise Refused (429, naming the limit) if ``student`` may not queue one more submission now: the hourly limit,
+    their waiting submissions, or the whole queue being full."""
+    recent = conn.execute("SELECT created FROM submissions WHERE student = ? AND created > ? ORDER BY created",
+                          (student, now - HOUR_S)).fetchall()
+    if len(recent) >= policy.submissions_per_hour:
+        wait = int(recent[0]["created"] + HOUR_S - now) + 1
+        raise Refused(f"at most {policy.submissions_per_hour} submissions an hour: try again in "
+                      f"{_minutes(wait)}", status=429, retry_after_s=wait)
+    waiting = conn.execute("SELECT COUNT(*) FROM submissions WHERE student = ? AND status = ?",
+                           (student, QUEUED)).fetchone()[0]
+    if waiting >= policy.queued_per_student:
+        raise Refused(f"you have {waiting} submission(s) waiting already (at most {policy.queued_per_student}): "
+                      "wait for one to be graded", status=429, retry_after_s=60)
+    total = conn.execute("SELECT COUNT(*) FROM submissions WHERE status = ?", (QUEUED,)).fetchone()[0]
+    if total >= policy.queued_total:
+        raise Refused(f"the queue is full ({total} submissions waiting, at most {policy.queued_total}): try again "
+                      "in a few minutes", status=429, retry_after_s=120)
+
+
+def precheck(db: Database, student: str, policy: Policy, *, now: float | None = None) -> None:
+    """:func:`check_room` before an upload is read (enqueue checks again, atomically, once it is)."""
+    check_room(db.connection(), student, policy, now=time.time() if now is None else now)
 
 
 def _minutes(seconds: int) -> str:
@@ -173,6 +190,8 @@ def requeue_running(db: Database) -> list[int]:
         ids = [r["id"] for r in conn.execute("SELECT id FROM submissions WHERE status = ?", (RUNNING,))]
         conn.execute("UPDATE submissions SET status = ?, message = ? WHERE status = ?",
                      (QUEUED, "queued again: the server stopped while grading it", RUNNING))
+        for submission_id in ids:  # graded again from scratch: a regrade by the server, not by a person
+            audit.record(conn, "server", "regrade", f"#{submission_id}", "it was being graded when the server stopped")
     return ids
 
 

@@ -32,10 +32,11 @@ class Student:
     id: str
     display_name: str | None
     leaderboard: bool  # opted into showing display_name on the leaderboard
+    removed: bool = False  # dropped from the roster: kept for their submissions' history
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> Student:
-        return cls(row["id"], row["display_name"], bool(row["leaderboard"]))
+        return cls(row["id"], row["display_name"], bool(row["leaderboard"]), row["removed"] is not None)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -84,6 +85,7 @@ class Submission:
     position: int | None = None  # 1-based place in the queue (queued only)
     progress: str = ""  # while running: exercises graded so far
     grade: Grade | None = None
+    student_removed: bool = False  # its student was removed from the roster: history, not in the gradebook
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> Submission:

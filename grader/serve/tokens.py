@@ -12,8 +12,9 @@ import time
 from pathlib import Path
 
 from grader.grading.batch import submission
+from grader.serve import audit
 from grader.serve.db import Database
-from grader.serve.records import INSTRUCTOR, STUDENT, Principal, Student
+from grader.serve.records import FAILED, INSTRUCTOR, QUEUED, STUDENT, Principal, Student
 
 SESSION_S = 7 * 24 * 3600  # a web login lasts a week
 
@@ -42,7 +43,7 @@ def student_id(name: str) -> str:
     return cleaned
 
 
-def add_student(db: Database, student: str, *, display_name: str | None = None) -> str:
+def add_student(db: Database, student: str, *, display_name: str | None = None, actor: str = audit.CLI) -> str:
     """Add ``student`` to the roster; returns their token (the only time it exists in clear)."""
     student = student_id(student)
     token = new_token()
@@ -53,8 +54,76 @@ def add_student(db: Database, student: str, *, display_name: str | None = None) 
                          (student, submission.display_name(display_name), now))
             conn.execute("INSERT INTO tokens (hash, role, student, created) VALUES (?, ?, ?, ?)",
                          (token_hash(token), STUDENT, student, now))
+            audit.record(conn, actor, "student-add", student)
     except sqlite3.IntegrityError:
+        removed = db.query("SELECT 1 FROM students WHERE id = ? AND removed IS NOT NULL", (student,))
+        if removed:
+            raise RosterError(f"{student} was removed from the roster; their id is kept with their submissions' "
+                              "history: add them under another id") from None
         raise RosterError(f"{student} is on the roster already") from None
+    return token
+
+
+def _on_roster(conn: sqlite3.Connection, student: str) -> str:
+    """``student``'s id if they are on the roster now; a RosterError that says why not otherwise."""
+    student = student_id(student)
+    row = conn.execute("SELECT removed FROM students WHERE id = ?", (student,)).fetchone()
+    if row is None:
+        raise RosterError(f"{student} is not on the roster (grader serve roster list shows who is)")
+    if row["removed"] is not None:
+        raise RosterError(f"{student} was removed from the roster")
+    return student
+
+
+def _revoke(conn: sqlite3.Connection, student: str) -> int:
+    # their web sessions go with the tokens (ON DELETE CASCADE): a logged-in browser is logged out at once
+    return conn.execute("DELETE FROM tokens WHERE role = ? AND student = ?", (STUDENT, student)).rowcount
+
+
+def reissue(db: Database, student: str, *, actor: str = audit.CLI) -> str:
+    """A new token for ``student``; every earlier one (and every session opened with it) stops working now."""
+    token = new_token()
+    with db.transaction() as conn:
+        student = _on_roster(conn, student)
+        revoked = _revoke(conn, student)
+        conn.execute("INSERT INTO tokens (hash, role, student, created) VALUES (?, ?, ?, ?)",
+                     (token_hash(token), STUDENT, student, time.time()))
+        audit.record(conn, actor, "token-reissue", student, f"{revoked} earlier token(s) revoked")
+    return token
+
+
+def revoke(db: Database, student: str, *, actor: str = audit.CLI) -> int:
+    """Revoke ``student``'s tokens (no new one: reissue gives them one again); returns how many were revoked."""
+    with db.transaction() as conn:
+        student = _on_roster(conn, student)
+        revoked = _revoke(conn, student)
+        audit.record(conn, actor, "token-revoke", student, f"{revoked} token(s) revoked")
+    return revoked
+
+
+def remove_student(db: Database, student: str, *, actor: str = audit.CLI) -> int:
+    """Drop ``student`` from the roster: their tokens are revoked, their submissions stay as history (marked removed,
+    out of the gradebook), those still queued are not graded. Returns how many queued submissions were cancelled."""
+    now = time.time()
+    with db.transaction() as conn:
+        student = _on_roster(conn, student)
+        _revoke(conn, student)
+        conn.execute("UPDATE students SET removed = ? WHERE id = ?", (now, student))
+        cancelled = conn.execute(
+            "UPDATE submissions SET status = ?, finished = ?, message = ? WHERE student = ? AND status = ?",
+            (FAILED, now, "not graded: the student was removed from the roster", student, QUEUED)).rowcount
+        audit.record(conn, actor, "student-remove", student, f"{cancelled} queued submission(s) cancelled")
+    return cancelled
+
+
+def rotate_instructor(db: Database, *, actor: str = audit.CLI) -> str:
+    """A new instructor token; every earlier one (and its sessions) stops working now."""
+    token = new_token()
+    with db.transaction() as conn:
+        revoked = conn.execute("DELETE FROM tokens WHERE role = ?", (INSTRUCTOR,)).rowcount
+        conn.execute("INSERT INTO tokens (hash, role, student, created) VALUES (?, ?, NULL, ?)",
+                     (token_hash(token), INSTRUCTOR, time.time()))
+        audit.record(conn, actor, "instructor-token-rotate", "", f"{revoked} earlier token(s) revoked")
     return token
 
 
@@ -65,7 +134,7 @@ def import_roster(db: Database, path: Path) -> list[tuple[str, str]]:
         rows = list(csv.DictReader(f))
     if rows and not ({"student", "id"} & set(rows[0])):
         raise RosterError(f"{path}: needs a 'student' (or 'id') column; it has {', '.join(rows[0])}")
-    known = {s.id for s in students(db)}
+    known = {s.id for s in students(db, removed=True)}
     added = []
     for row in rows:
         name = (row.get("student") or row.get("id") or "").strip()
@@ -77,11 +146,12 @@ def import_roster(db: Database, path: Path) -> list[tuple[str, str]]:
 
 
 def instructor_token(db: Database) -> str:
-    """A new instructor token (earlier ones stay valid)."""
+    """A new instructor token (earlier ones stay valid; :func:`rotate_instructor` revokes them)."""
     token = new_token()
     with db.transaction() as conn:
         conn.execute("INSERT INTO tokens (hash, role, student, created) VALUES (?, ?, NULL, ?)",
                      (token_hash(token), INSTRUCTOR, time.time()))
+        audit.record(conn, audit.CLI, "instructor-token-add")
     return token
 
 
@@ -89,8 +159,10 @@ def has_instructor(db: Database) -> bool:
     return bool(db.query("SELECT 1 FROM tokens WHERE role = ? LIMIT 1", (INSTRUCTOR,)))
 
 
-def students(db: Database) -> list[Student]:
-    return [Student.from_row(r) for r in db.query("SELECT * FROM students ORDER BY id")]
+def students(db: Database, *, removed: bool = False) -> list[Student]:
+    """The students on the roster (with ``removed``, also those removed from it)."""
+    where = "" if removed else "WHERE removed IS NULL"
+    return [Student.from_row(r) for r in db.query(f"SELECT * FROM students {where} ORDER BY id")]
 
 
 def authenticate(db: Database, token: str) -> Principal | None:

@@ -3,6 +3,7 @@ result. ``workers`` threads grade that many submissions at once (never two of on
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import traceback
@@ -64,7 +65,7 @@ class Pool:
         job = Job(submission, storage.upload_path(self.folder, submission), storage.submission_dir(self.folder,
                                                                                                    submission.id))
         try:
-            grade, times = self.backend.grade(job)
+            grade, times = self._graded(job)
         except GradingFailed as exc:
             status = queue.give_up_or_retry(self.db, submission, str(exc))
             print(f"grader serve: submission {submission.id}: {exc} ({status})", file=sys.stderr)
@@ -74,6 +75,14 @@ class Pool:
             queue.give_up_or_retry(self.db, submission, f"the grader failed: {type(exc).__name__}: {exc}")
             return
         queue.finish(self.db, submission, grade, times)
+
+    def _graded(self, job: Job):
+        try:
+            return self.backend.grade(job)
+        finally:
+            # the engine writes its reports 0644 (inside folders of 0700, so unreachable): made 0600 all the same
+            with contextlib.suppress(OSError):
+                storage.tighten(job.folder)
 
     def _recover(self, submission) -> None:
         """After a failure to record an attempt's outcome: queue it again (or mark it failed after its attempts), so
