@@ -147,7 +147,7 @@ def test_sigkill_mid_batch_then_the_same_command_grades_only_the_rest(tmp_path, 
     assert cli.main(["grade", *map(str, subs), "--out", str(whole), *ARGS, "--jobs", "2"]) == 0
     assert (out / "grades.csv").read_text() == (whole / "grades.csv").read_text()
     rows = list(csv.DictReader(open(out / "grades.csv")))
-    assert [r["gelu_status"] for r in rows] == ["graded", "graded", "graded (see below)", "graded (see below)"]
+    assert [r["gelu_status"] for r in rows] == ["graded"] * 4  # a spreadsheet has no "below"
 
 
 @pytest.mark.slow

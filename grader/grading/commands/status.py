@@ -2,6 +2,7 @@
 (:mod:`grader.grading.results.store`) and, for a Slurm batch, which of its jobs ``squeue`` still lists:
 
 * **done** — a result is committed (with its score);
+* **unreadable** — committed, but the submission could not be read (a broken zip or notebook): nothing was graded;
 * **needs regrade** — committed, but the grader failed on some part (``grader grade --regrade-errors OUT``);
 * **running** — a live marker: the process (or Slurm task) grading it is still there;
 * **failed** — started but died without a result: a stale marker, or a Slurm task that has left the queue;
@@ -24,9 +25,9 @@ from typing import Any
 
 from grader.grading.batch import markers, slurm
 from grader.grading.results import store
-from grader.grading.results.results import ungradable
+from grader.grading.results.results import ERROR, UNREADABLE, ungradable
 
-STATES = ("done", "needs regrade", "running", "failed", "queued", "missing")
+STATES = ("done", "unreadable", "needs regrade", "running", "failed", "queued", "missing")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,7 +52,9 @@ def collect(out: Path) -> dict[str, Any]:
             result = results.get(name)
             life = live.get((student, name))
             job, log = tasks.get(student, (None, None))
-            if result is not None and not result.needs_regrade:
+            if result is not None and result.status == ERROR and result.message.startswith(UNREADABLE):
+                state, detail = "unreadable", result.message.removeprefix(UNREADABLE)  # not graded: never "done"
+            elif result is not None and not result.needs_regrade:
                 state, detail = "done", result.status
             elif life is not None and life.alive:
                 state, detail = "running", life.why
@@ -97,8 +100,8 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    style = {"done": "green", "needs regrade": "blue", "running": "cyan", "failed": "red", "queued": "yellow",
-             "missing": "white"}
+    style = {"done": "green", "unreadable": "red", "needs regrade": "blue", "running": "cyan", "failed": "red",
+             "queued": "yellow", "missing": "white"}
     table = Table(title=f"grader status {out}")
     table.add_column("student")
     for name in status["exercises"]:

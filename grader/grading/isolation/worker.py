@@ -261,9 +261,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _describe(exc: BaseException) -> str:
     from grader.checks.execute import student_frames
+    from grader.checks.scratch import scratch_note
 
     text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-    return f"{text}\n{student_frames(exc)}".strip()
+    note = scratch_note(exc)  # ENOSPC: the student filled the sandbox's scratch
+    return f"{text}\n{student_frames(exc)}".strip() + (f"\n{note}" if note else "")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,9 @@ CSV of the same numbers, for the instructor.
   the class was timed on, with the GPU named. Students appear under the ``display_name`` they opted into
   (``student.toml`` or the notebook's metadata), else under an anonymous id that only the batch's salt links
   to them. Parts zeroed by an integrity flag or awaiting a regrade are not ranked;
-* integrity flags, grader errors and parts that need a regrade, work not graded yet, GPUs taken out.
+* integrity flags, grader errors and parts that need a regrade, work not graded yet, GPUs taken out;
+* submissions of which nothing could be graded (an unreadable zip or notebook, no exercise module), with the
+  reason: listed apart and left out of the score statistics, where they would read as ordinary zeros.
 
 The CSV is long-form: ``section, exercise, part, item, student, value, max, detail``.
 """
@@ -166,16 +168,21 @@ def render(students: list[StudentReport], *, run: Mapping[str, Any], display_nam
     """The page and the CSV."""
     names = list(run.get("exercises", []))
     table = _Table()
-    ratios = _ratios(students)
+    ungradable = {r.student: why for r in students if (why := r.ungradable)}
+    graded = [r for r in students if r.student not in ungradable]
+    ratios = _ratios(graded)
+    unread_note = f'; <a href="#ungradable">{len(ungradable)} could not be graded</a>' if ungradable else ""
     h = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8"><title>Class report</title>',
          f"<style>{_CSS}</style></head><body>", '<h1 id="title">Class report</h1>',
          f'<p class="meta" id="meta"><span id="n-students">{len(students)}</span> student(s); exercises '
          f"{_e(', '.join(names))}; graded on {_e(run.get('device', '?'))}; started {_e(run.get('started', '?'))}"
-         f"{'; last updated ' + _e(run['updated']) if run.get('updated') else ''}.</p>"]
-    h += _scores(students, names, {e.name: e for e in all_exercises}, table)
-    h += _failed_checks(students, table)
+         f"{'; last updated ' + _e(run['updated']) if run.get('updated') else ''}"
+         f"{unread_note}.</p>"]
+    h += _scores(graded, names, {e.name: e for e in all_exercises}, table)
+    h += _failed_checks(graded, table)
     h += _speed(ratios, table)
-    h += _leaderboard(students, ratios, display_names, str(run.get("secret_salt", "")), table)
+    h += _leaderboard(graded, ratios, display_names, str(run.get("secret_salt", "")), table)
+    h += _ungradable(ungradable, table)
     h += _problems(students, names, gpu_failures, table)
     h.append("</body></html>")
     return "\n".join(h), table.text()
@@ -330,6 +337,21 @@ def _leaderboard(students: list[StudentReport], ratios: Ratios, display_names: M
         h.append(f'<tr><td class="num">{rank}</td><td>{_e(shown)}</td><td class="num" data-geomean="{geo:.6g}">'
                  f"{geo:.3f}</td><td>{_e(gpus)}</td></tr>")
         table.add("leaderboard", item=str(rank), student=student, value=f"{geo:.6g}", detail=f"{shown}; {gpus}")
+    h.append("</table>")
+    return h
+
+
+def _ungradable(ungradable: Mapping[str, str], table: _Table) -> list[str]:
+    """The submissions of which nothing could be graded, each with why; not in the statistics above."""
+    if not ungradable:
+        return []
+    h = [f'<h2 id="ungradable">Submissions that could not be graded</h2><p class="meta">{len(ungradable)} '
+         "submission(s) could not be read or held no exercise module: left out of the statistics above (not "
+         "counted as zeros); their reports and the gradebook give them no points.</p>",
+         '<table id="ungradable-table"><tr><th>student</th><th>reason</th></tr>']
+    for student, why in sorted(ungradable.items()):
+        h.append(f"<tr><td>{_e(student)}</td><td><pre>{_e(_first_line(why))}</pre></td></tr>")
+        table.add("ungradable", student=student, detail=_first_line(why))
     h.append("</table>")
     return h
 

@@ -368,7 +368,7 @@ def gradebook_csv(reports: list[StudentReport], exercise_names: list[str]) -> st
     for report in sorted(reports, key=lambda r: r.student):
         by_name = {s.exercise: s for s, _ in report.exercises}
         scores = [_pts(by_name[n].score) if n in by_name else "" for n in exercise_names]
-        statuses = [status_text(by_name[n]) if n in by_name else "pending" for n in exercise_names]
+        statuses = [_csv_status(by_name[n]) if n in by_name else "pending" for n in exercise_names]
         problems = "; ".join(report.problems + [
             f"{s.exercise}: {r.problems[0].splitlines()[0]}" for s, r in report.exercises if r.problems
         ])
@@ -376,6 +376,11 @@ def gradebook_csv(reports: list[StudentReport], exercise_names: list[str]) -> st
                          _pts(report.pending), "; ".join(report.regrade_parts()), report.source, problems,
                          _pts(report.unavailable)])
     return buf.getvalue()
+
+
+def _csv_status(score: ExerciseScore) -> str:
+    """A status for a spreadsheet: "graded", whatever the score ("see below" points nowhere in a CSV)."""
+    return "graded" if score.status == "graded" and score.pending <= 0 else status_text(score)
 
 
 def details(report: StudentReport) -> dict[str, Any]:
