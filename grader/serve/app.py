@@ -139,7 +139,13 @@ def _visible(request: Request, who: Principal, submission_id: int) -> Submission
 def _detailed(service: Service, subs: list[Submission]) -> list[Submission]:
     places = queue.positions(service.db) if any(s.status == queue.QUEUED for s in subs) else {}
     removed = {r["id"] for r in service.db.query("SELECT id FROM students WHERE removed IS NOT NULL")}
+    counts_for: dict[int, list[str]] = {}
+    if any(s.status == queue.DONE for s in subs):
+        for by_exercise in gradebook.counting(service.db, service.policy).values():
+            for name, counted in sorted(by_exercise.items()):
+                counts_for.setdefault(counted.submission, []).append(name)
     for sub in subs:
+        sub.counts_for = counts_for.get(sub.id, [])
         sub.student_removed = sub.student in removed
         sub.position = places.get(sub.id)
         sub.grade = queue.grade_of(service.db, sub.id)
@@ -206,7 +212,8 @@ async def me(request: Request) -> Response:
         error = ""  # words in a link someone else made: not shown
     own = extensions.policy_for(service.db, service.policy, student.id)  # their deadlines, extensions applied
     return HTMLResponse(pages.student_home(who, student, subs, device_html=_device_html(service),
-                                           deadlines=own.to_dict()["deadlines"], error=error))
+                                           deadlines=own.to_dict()["deadlines"], error=error,
+                                           rule=service.policy.counting_rule()))
 
 
 async def submit(request: Request) -> Response:
@@ -298,7 +305,9 @@ async def set_leaderboard(request: Request) -> Response:
 async def submission_page(request: Request) -> Response:
     who = _who(request)
     sub = _visible(request, who, int(request.path_params["id"]))
-    return HTMLResponse(pages.submission(who, sub, device_html=_device_html(request.app.state.service)))
+    service: Service = request.app.state.service
+    return HTMLResponse(pages.submission(who, sub, device_html=_device_html(service),
+                                         rule=service.policy.counting_rule()))
 
 
 async def submission_json(request: Request) -> Response:
@@ -351,9 +360,10 @@ async def instructor_page(request: Request) -> Response:
     service: Service = request.app.state.service
     recent = [queue.get(service.db, r["id"]) for r in service.db.query(
         "SELECT id FROM submissions ORDER BY id DESC LIMIT 50")]
-    return HTMLResponse(pages.instructor(who, gradebook.standings(service.db), _detailed(service, [s for s in recent
-                                                                                                   if s]),
-                                         queue.counts(service.db), device_html=_device_html(service)))
+    return HTMLResponse(pages.instructor(who, gradebook.standings(service.db, service.policy),
+                                         _detailed(service, [s for s in recent if s]),
+                                         queue.counts(service.db), device_html=_device_html(service),
+                                         counting=service.policy.counts))
 
 
 def _class_file(service: Service, name: str) -> bytes:
@@ -384,8 +394,8 @@ async def grades_csv(request: Request) -> Response:
 async def standings_json(request: Request) -> Response:
     _who(request, instructor=True)
     service: Service = request.app.state.service
-    return JSONResponse({"students": [s.to_dict() for s in gradebook.standings(service.db)],
-                         "queue": queue.counts(service.db)})
+    return JSONResponse({"students": [s.to_dict() for s in gradebook.standings(service.db, service.policy)],
+                         "queue": queue.counts(service.db), "counts": service.policy.counts})
 
 
 async def roster(request: Request) -> Response:

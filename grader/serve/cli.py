@@ -15,6 +15,9 @@
     grader serve extend STUDENT EXERCISE UNTIL --reason TEXT --dir SERVE_DIR [--course FILE]   their own deadline
     grader serve backup --dir SERVE_DIR --out FOLDER                    a consistent copy, the server running or not
     grader serve restore --from BACKUP --dir SERVE_DIR                  into a new or empty folder, the server stopped
+    grader serve regrade (--all | --student S... | --exercise E... | --submission ID...) --reason TEXT --dir SERVE_DIR
+                                                    grade stored submissions again (after a grader fix); the earlier
+                                                    results are kept as history, the new ones count once graded
 """
 
 from __future__ import annotations
@@ -31,12 +34,13 @@ from grader.serve import audit, overrides, storage, tokens
 from grader.serve import backup as backup_mod
 from grader.serve import extensions as extensions_mod
 from grader.serve import policy as policy_mod
+from grader.serve import regrade as regrade_mod
 from grader.serve.db import Database, SchemaError
 
 DEFAULT_DIR = "grader-serve"
 # the errors told to the instructor as they are, without a traceback
 _TOLD = (SchemaError, tokens.RosterError, backup_mod.BackupError, overrides.OverrideError,
-         extensions_mod.ExtensionError, policy_mod.PolicyError, config.CourseError, OSError)
+         extensions_mod.ExtensionError, policy_mod.PolicyError, config.CourseError, regrade_mod.RegradeError, OSError)
 CONFIG = "serve.json"  # what the running server grades: read by `grader serve export`
 
 
@@ -57,7 +61,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the reverse proxies whose X-Forwarded-* headers are trusted (default: 127.0.0.1)")
     grade_cmd.add_common(parser)
     slurm.add_arguments(parser)
-    actions = parser.add_subparsers(dest="action", metavar="{roster,instructor-token,export,log,backup,restore}")
+    actions = parser.add_subparsers(dest="action", metavar="{roster,instructor-token,export,log,override,extend,"
+                                    "regrade,backup,restore}")
     roster = actions.add_parser("roster", help="the students and their tokens")
     roster_actions = roster.add_subparsers(dest="roster_action", required=True)
     add = roster_actions.add_parser("add", help="add a student; prints their token once")
@@ -82,7 +87,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     instructor.add_argument("--rotate", action="store_true", help="revoke every earlier instructor token (and its "
                             "web sessions) at once")
     _add_dir(instructor)
-    export = actions.add_parser("export", help="the class's gradebook (latest on-time results) as grader grade "
+    export = actions.add_parser("export", help="the class's gradebook (the latest on-time results, or the best: "
+                                "[serve] counts) as grader grade "
                                 "writes it: grades.csv, the class report, each student's results.json")
     export.add_argument("--out", required=True, metavar="FOLDER")
     _add_dir(export)
@@ -109,6 +115,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the course file the server runs with (its [serve.deadlines]); default: the one saved "
                         "by the last start")
     _add_dir(extend)
+    regrade = actions.add_parser("regrade", help="grade stored submissions again (after a fix of the grader), by the "
+                                 "running server or at its next start: the earlier results stay as history "
+                                 "(superseded), the new ones count once graded")
+    regrade.add_argument("--all", dest="everything", action="store_true", help="every current submission")
+    regrade.add_argument("--student", dest="students", action="append", default=[], metavar="S",
+                         help="the submissions of student S (repeatable)")
+    regrade.add_argument("--exercise", dest="regrade_exercises", action="append", default=[], metavar="E",
+                         help="the submissions holding exercise E (repeatable)")
+    regrade.add_argument("--submission", dest="submission_ids", action="append", default=[], type=int,
+                         metavar="ID", help="submission ID (repeatable)")
+    regrade.add_argument("--reason", required=True, metavar="TEXT", help="why (kept in the audit log)")
+    _add_dir(regrade)
     saved = actions.add_parser("backup", help="a consistent copy of the database (SQLite's online backup) and of "
                                "the uploads and reports, while the server runs or not")
     saved.add_argument("--out", required=True, metavar="FOLDER", help="a new or empty folder")
@@ -162,6 +180,8 @@ def _run(folder: Path, args: argparse.Namespace) -> int:
         return _extend(db, folder, args)
     if args.action == "override":
         return _override(db, args)
+    if args.action == "regrade":
+        return _regrade(db, folder, args)
     if args.action == "backup":
         manifest = backup_mod.backup(db, folder, Path(args.out).resolve())
         print(f"grader serve: backup of {manifest['students']} student(s) and {manifest['submissions']} "
@@ -197,6 +217,19 @@ def _override(db: Database, args: argparse.Namespace) -> int:
     what = "cleared" if score is None else f"set to {score:g}"
     print(f"grader serve: {args.student}'s {args.exercise} override {what}; the gradebook shows it with its reason",
           file=sys.stderr)
+    return 0
+
+
+def _regrade(db: Database, folder: Path, args: argparse.Namespace) -> int:
+    chosen = regrade_mod.select(db, everything=args.everything, students=tuple(args.students),
+                                exercises=tuple(args.regrade_exercises), submissions=tuple(args.submission_ids))
+    done = regrade_mod.queue_regrades(db, folder, chosen, args.reason)
+    for earlier, why in sorted(done.skipped.items()):
+        print(f"grader serve: #{earlier} not regraded: {why}", file=sys.stderr)
+    for earlier, new in sorted(done.regrades.items()):
+        print(f"#{earlier}\t#{new}")
+    print(f"grader serve: {len(done.regrades)} submission(s) queued to be graded again (after the uploads waiting), "
+          "by the running server or at its next start; their earlier results count until then", file=sys.stderr)
     return 0
 
 
@@ -256,8 +289,8 @@ def _export(db: Database, folder: Path, out: Path) -> int:
     students = gradebook.build(db, folder=folder, out=out.resolve(), course=course, all_exercises=everything,
                                exercises=[e.name for e in selected], policy=policy)
     audit.record(db, audit.CLI, "export", str(out.resolve()), f"{len(students)} student(s)")
-    print(f"grader serve: the latest on-time results of {len(students)} student(s) written to {out}: grades.csv, "
-          "class-report.html, students/<id>/results.json (Gradescope)", file=sys.stderr)
+    print(f"grader serve: the {policy.counts} on-time results of {len(students)} student(s) written to {out}: "
+          "grades.csv, class-report.html, students/<id>/results.json (Gradescope)", file=sys.stderr)
     return 0
 
 
@@ -272,6 +305,14 @@ def _device(options: config.GradeOptions, course: config.Course) -> tuple[str, b
     if mode.is_cuda:
         return f"a GPU ({mode.gpu_name})", True
     return "the CPU via the Triton interpreter", False
+
+
+def public_seed_warning(course: config.Course) -> str | None:
+    """What ``grader grade`` warns of too: with the public default cases_seed, the hidden cases are not hidden."""
+    if course.cases_seed != config.DEFAULT_CASES_SEED:
+        return None
+    return ("grader serve: warning: the course file's cases_seed is the public default, so anyone with this "
+            "repository can draw the hidden cases: set a private one in your course file (--course)")
 
 
 def _serve(db: Database, folder: Path, args: argparse.Namespace) -> int:
@@ -293,6 +334,9 @@ def _serve(db: Database, folder: Path, args: argparse.Namespace) -> int:
     options = options.replace(secret=None)
     storage_config = {"exercises": list(options.exercises), "course": str(course_file) if course_file else None}
     (folder / CONFIG).write_text(json.dumps(storage_config, indent=1) + "\n")
+    warning = public_seed_warning(course)
+    if warning:
+        print(warning, file=sys.stderr)
     device, on_gpu = _device(options, course)
     if not tokens.has_instructor(db):
         print(f"grader serve: instructor token (shown once; keep it private): {tokens.instructor_token(db)}")

@@ -126,6 +126,13 @@ MIGRATIONS: tuple[str, ...] = (
         actor TEXT NOT NULL
     );
     """,
+    # 7: regrades after a grader fix: a regrade is a submission of its own (the same upload, handed in at the same
+    # time), and once it is graded the submission it regrades is superseded (kept as history, no longer counted)
+    """
+    ALTER TABLE submissions ADD COLUMN regrade_of INTEGER;     -- a regrade: the submission it grades again
+    ALTER TABLE submissions ADD COLUMN superseded_by INTEGER;  -- the regrade whose result counts instead of this one
+    ALTER TABLE submissions ADD COLUMN queued REAL;            -- when a regrade was queued (an upload: created)
+    """,
 )
 VERSION = len(MIGRATIONS)
 

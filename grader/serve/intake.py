@@ -49,12 +49,18 @@ def accept(db: Database, *, folder: Path, student: str, filename: str, data_file
     with tempfile.TemporaryDirectory(prefix="grader-serve-check-") as scratch:
         named = Path(scratch) / f"{student}{storage.EXTENSIONS[kind]}"
         shutil.copyfile(data_file, named)
+        shown = Path(filename).name or named.name  # the student's own file name, not the stored one
+
+        def told(text: str) -> str:
+            return text.replace(str(named), shown).replace(named.name, shown)
+
         try:
             sub = submission.prepare(named, Path(scratch) / "prepared", selected)
         except submission.SubmissionError as exc:
-            raise queue.Refused(str(exc), status=422) from None
+            raise queue.Refused(told(str(exc)), status=422) from None
+        sub.problems = [told(p) for p in sub.problems]
         if sub.root is None:
-            raise queue.Refused("; ".join(sub.problems) or "the submission cannot be read", status=422)
+            raise queue.Refused("; ".join(sub.problems) or f"{shown} cannot be read", status=422)
         present = [e.name for e in selected if (sub.root / e.name / f"{e.module}.py").is_file()]
     if not present:
         names = ", ".join(f"{e.name}/{e.module}.py" for e in selected)

@@ -40,7 +40,8 @@ def boards(db: Database, *, viewer: Principal, salt: str, exercise: str | None =
     rows = db.query(
         "SELECT sp.student, sp.exercise, sp.part, sp.benchmark, sp.student_ms, sp.ratio, sp.device, sp.measured, "
         "st.display_name, st.leaderboard FROM speed sp JOIN students st ON st.id = sp.student "
-        "WHERE st.removed IS NULL AND (? IS NULL OR sp.exercise = ?) "
+        "JOIN submissions su ON su.id = sp.submission "  # a time superseded by a regrade's is history
+        "WHERE st.removed IS NULL AND su.superseded_by IS NULL AND (? IS NULL OR sp.exercise = ?) "
         "ORDER BY sp.exercise, sp.part, sp.benchmark, sp.student_ms",
         (exercise, exercise))
     found: dict[tuple[str, str, str], Board] = {}

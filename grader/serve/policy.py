@@ -16,8 +16,10 @@ from typing import Any
 from grader.grading import config
 
 LATE_POLICIES = ("mark", "refuse", "penalty")
+COUNTS = ("latest", "best")  # which of a student's submissions of an exercise counts in the gradebook
 DAY_S = 24 * 3600.0
-_KEYS = {"submissions_per_hour", "queued_per_student", "queued_total", "late", "penalty_per_day", "deadlines"}
+_KEYS = {"submissions_per_hour", "queued_per_student", "queued_total", "late", "penalty_per_day", "deadlines",
+         "counts"}
 
 
 class PolicyError(ValueError):
@@ -33,6 +35,14 @@ class Policy:
     # "penalty": graded, and in the gradebook at (1 - penalty_per_day x each day or part of one late), at least 0
     penalty_per_day: float = 0.0  # a fraction of the exercise's points
     deadlines: Mapping[str, float] = field(default_factory=dict)  # exercise -> POSIX time
+    counts: str = "latest"  # per exercise, the gradebook takes the "latest" on-time submission or the "best" one
+
+    def counting_rule(self) -> str:
+        """Which submission counts, in a sentence to the student."""
+        if self.late == "penalty":
+            return (f"Your {self.counts} submission counts (per exercise); a late one counts "
+                    f"{round(self.penalty_per_day * 100)}% less per started day late.")
+        return f"Your {self.counts} on-time submission counts (per exercise)."
 
     def late_exercises(self, exercises: list[str], *, at: float) -> list[str]:
         """The exercises of ``exercises`` whose deadline has passed at time ``at``."""
@@ -56,7 +66,7 @@ class Policy:
     def to_dict(self) -> dict[str, Any]:
         return {"submissions_per_hour": self.submissions_per_hour, "queued_per_student": self.queued_per_student,
                 "queued_total": self.queued_total, "late": self.late, "penalty_per_day": self.penalty_per_day,
-                "deadlines": {e: _iso(t) for e, t in sorted(self.deadlines.items())}}
+                "deadlines": {e: _iso(t) for e, t in sorted(self.deadlines.items())}, "counts": self.counts}
 
 
 def _iso(timestamp: float) -> str:
@@ -94,7 +104,10 @@ def from_table(table: Mapping[str, Any], *, source: str, known: tuple[str, ...] 
         late=str(table.get("late", Policy.late)),
         penalty_per_day=float(table.get("penalty_per_day", Policy.penalty_per_day)),
         deadlines={str(e): _deadline(str(e), v, source) for e, v in deadlines.items()},
+        counts=str(table.get("counts", Policy.counts)),
     )
+    if policy.counts not in COUNTS:
+        raise PolicyError(f"{source}: [serve] counts must be one of {', '.join(COUNTS)}, not {policy.counts!r}")
     if policy.late not in LATE_POLICIES:
         raise PolicyError(f"{source}: [serve] late must be one of {', '.join(LATE_POLICIES)}, not {policy.late!r}")
     if policy.late == "penalty" and not 0 < policy.penalty_per_day <= 1:

@@ -43,12 +43,20 @@ class Waiting:
     id: int
     student: str
     created: float
+    regrade: bool = False  # a regrade after a grader fix: graded after every waiting upload
 
 
 def order(waiting: Iterable[Waiting], *, last_started: Mapping[str, float], running: Iterable[str] = ()) -> list[int]:
     """The ids of ``waiting`` in the order they will be graded, if nothing else arrives: round-robin between
-    students, longest-waiting student first. ``last_started``: when each student's last grading started;
-    ``running``: students graded now (their next one waits until that grading ends, so they go last in the round)."""
+    students, longest-waiting student first; the regrades the instructor queued after every upload (in the same
+    round-robin among themselves). ``last_started``: when each student's last grading started; ``running``: students
+    graded now (their next one waits until that grading ends, so they go last in the round)."""
+    waiting = list(waiting)
+    uploads = [w for w in waiting if not w.regrade]
+    regrades = [w for w in waiting if w.regrade]
+    if uploads and regrades:
+        return (order(uploads, last_started=last_started, running=running)
+                + order(regrades, last_started=last_started, running=running))
     per_student: dict[str, list[Waiting]] = {}
     for item in sorted(waiting, key=lambda w: w.id):
         per_student.setdefault(item.student, []).append(item)
@@ -87,19 +95,20 @@ def enqueue(db: Database, *, student: str, filename: str, kind: str, size: int, 
 
 def check_room(conn: sqlite3.Connection, student: str, policy: Policy, *, now: float) -> None:
     """Raise Refused (429, naming the limit) if ``student`` may not queue one more submission now: the hourly limit,
-    their waiting submissions, or the whole queue being full."""
-    recent = conn.execute("SELECT created FROM submissions WHERE student = ? AND created > ? ORDER BY created",
-                          (student, now - HOUR_S)).fetchall()
+    their waiting submissions, or the whole queue being full. The instructor's regrades count against none of these."""
+    recent = conn.execute("SELECT created FROM submissions WHERE student = ? AND created > ? AND regrade_of IS NULL "
+                          "ORDER BY created", (student, now - HOUR_S)).fetchall()
     if len(recent) >= policy.submissions_per_hour:
         wait = int(recent[0]["created"] + HOUR_S - now) + 1
         raise Refused(f"at most {policy.submissions_per_hour} submissions an hour: try again in "
                       f"{_minutes(wait)}", status=429, retry_after_s=wait)
-    waiting = conn.execute("SELECT COUNT(*) FROM submissions WHERE student = ? AND status = ?",
+    waiting = conn.execute("SELECT COUNT(*) FROM submissions WHERE student = ? AND status = ? AND regrade_of IS NULL",
                            (student, QUEUED)).fetchone()[0]
     if waiting >= policy.queued_per_student:
         raise Refused(f"you have {waiting} submission(s) waiting already (at most {policy.queued_per_student}): "
                       "wait for one to be graded", status=429, retry_after_s=60)
-    total = conn.execute("SELECT COUNT(*) FROM submissions WHERE status = ?", (QUEUED,)).fetchone()[0]
+    total = conn.execute("SELECT COUNT(*) FROM submissions WHERE status = ? AND regrade_of IS NULL",
+                         (QUEUED,)).fetchone()[0]
     if total >= policy.queued_total:
         raise Refused(f"the queue is full ({total} submissions waiting, at most {policy.queued_total}): try again "
                       "in a few minutes", status=429, retry_after_s=120)
@@ -115,8 +124,10 @@ def _minutes(seconds: int) -> str:
 
 
 def _state(conn) -> tuple[list[Waiting], dict[str, float], set[str]]:
-    waiting = [Waiting(r["id"], r["student"], r["created"])
-               for r in conn.execute("SELECT id, student, created FROM submissions WHERE status = ?", (QUEUED,))]
+    waiting = [Waiting(r["id"], r["student"], r["queued"] if r["regrade_of"] is not None else r["created"],
+                       r["regrade_of"] is not None)
+               for r in conn.execute("SELECT id, student, created, queued, regrade_of FROM submissions "
+                                     "WHERE status = ?", (QUEUED,))]
     last = {r["student"]: r["t"] for r in conn.execute(
         "SELECT student, MAX(started) AS t FROM submissions WHERE started IS NOT NULL GROUP BY student")}
     running = {r["student"] for r in conn.execute("SELECT student FROM submissions WHERE status = ?", (RUNNING,))}
@@ -170,6 +181,14 @@ def finish(db: Database, submission: Submission, grade: Grade, times: list[Speed
              for t in times])
         conn.execute("UPDATE submissions SET status = ?, finished = ?, message = '' WHERE id = ?",
                      (DONE, now, submission.id))
+        if submission.regrade_of is not None:  # the regrade counts from now on; the earlier result is history
+            earlier = conn.execute("SELECT score FROM gradebook WHERE submission = ?",
+                                   (submission.regrade_of,)).fetchone()
+            conn.execute("UPDATE submissions SET superseded_by = ? WHERE id = ?", (submission.id,
+                                                                                   submission.regrade_of))
+            was = f"{earlier['score']:g}" if earlier else "no grade"
+            audit.record(conn, "server", "regrade-done", f"#{submission.regrade_of}",
+                         f"superseded by #{submission.id}: {was} -> {grade.score:g}")
     return True
 
 

@@ -86,16 +86,20 @@ class Submission:
     progress: str = ""  # while running: exercises graded so far
     grade: Grade | None = None
     student_removed: bool = False  # its student was removed from the roster: history, not in the gradebook
+    regrade_of: int | None = None  # a regrade (after a grader fix) of that submission: the same upload graded again
+    superseded_by: int | None = None  # its regrade is graded: that one counts, this one is history
+    counts_for: list[str] = field(default_factory=list)  # the exercises whose counting result is this one's
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> Submission:
         return cls(row["id"], row["student"], row["filename"], row["kind"], row["bytes"], json.loads(row["exercises"]),
                    json.loads(row["late"]), row["created"], row["status"], row["attempts"], row["started"],
-                   row["finished"], row["message"])
+                   row["finished"], row["message"], regrade_of=row["regrade_of"], superseded_by=row["superseded_by"])
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["grade"] = self.grade.to_dict() if self.grade else None
+        data["superseded"] = self.superseded_by is not None
         return data
 
 

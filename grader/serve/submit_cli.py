@@ -39,7 +39,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"note: {problem}", file=sys.stderr)
         print(f"submitted: {client.status_line(sub)}; exercises {', '.join(sub['exercises'])}")
         if not args.wait:
-            print(f"see it with: grader results --server {args.server} {sub['id']}")
+            # the same token option (the token itself is not echoed); none where it came from $GRADER_TOKEN
+            token = (f" --token-file {args.token_file}" if args.token_file
+                     else " --token YOUR_TOKEN" if args.token else "")
+            print(f"see it with: grader results --server {args.server}{token} {sub['id']}")
             return 0
         sub = client.wait(server, sub["id"], timeout_s=args.wait_timeout)
         if sub["status"] != "done":
