@@ -213,3 +213,16 @@ def upload(url: str, token: str, path: Path) -> tuple[int, dict]:
     status, data = http(url + "/api/submissions", token=token, method="POST", data=body,
                         headers={"Content-Type": content_type})
     return status, json.loads(data)
+
+
+def grades_csv(db, folder: Path, out: Path, rules: policy_mod.Policy) -> dict[str, dict[str, str]]:
+    """The gradebook of the server folder ``folder`` built into ``out`` as the instructor's export does, read back
+    from its grades.csv: student -> row."""
+    import csv
+
+    from grader.serve import gradebook
+
+    gradebook.build(db, folder=folder, out=out, course=config.load_course(), all_exercises=exercises.all_exercises(),
+                    exercises=["gelu"], policy=rules)
+    with open(out / "grades.csv", newline="") as f:
+        return {r["student"]: r for r in csv.DictReader(f)}

@@ -5,20 +5,19 @@ penalty_per_day."""
 
 from __future__ import annotations
 
-import csv
 import datetime as dt
 
 import pytest
 
-from grader import exercises
-from grader.grading import config
 from grader.grading.results import store
 from grader.grading.results.results import CheckResult, ExerciseResult, PartResult
 from grader.grading.results.scoring import points_text
-from grader.serve import extensions, gradebook, overrides, queue, tokens
+from grader.serve import extensions, overrides, queue, tokens
 from grader.serve import policy as policy_mod
 from grader.serve.db import Database
 from grader.serve.records import Grade
+
+from . import serve_helpers as helpers
 
 DUE = dt.datetime(2025, 10, 10, 23, 59).timestamp()
 DAY = policy_mod.DAY_S
@@ -42,10 +41,7 @@ def _graded(db: Database, folder, student: str, *, at: float, late: list[str]) -
 
 
 def _export(db: Database, folder, out, rules: policy_mod.Policy) -> dict[str, dict[str, str]]:
-    gradebook.build(db, folder=folder, out=out, course=config.load_course(), all_exercises=exercises.all_exercises(),
-                    exercises=["gelu"], policy=rules)
-    with open(out / "grades.csv", newline="") as f:
-        return {r["student"]: r for r in csv.DictReader(f)}
+    return helpers.grades_csv(db, folder, out, rules)
 
 
 @pytest.fixture

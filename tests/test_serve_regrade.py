@@ -5,7 +5,6 @@ audit log with its reason. Regrades wait behind uploads and count against no stu
 
 from __future__ import annotations
 
-import csv
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,10 +67,7 @@ def _serve(capsys, folder: Path, *args: str) -> tuple[int, str, str]:
 
 
 def _grades(db: Database, folder: Path, out: Path) -> dict[str, dict[str, str]]:
-    gradebook.build(db, folder=folder, out=out, course=config.load_course(), all_exercises=exercises.all_exercises(),
-                    exercises=["gelu"], policy=RULES)
-    with open(out / "grades.csv", newline="") as f:
-        return {r["student"]: r for r in csv.DictReader(f)}
+    return helpers.grades_csv(db, folder, out, RULES)
 
 
 @pytest.fixture
