@@ -69,8 +69,8 @@ def run(args: argparse.Namespace) -> int:  # "list"
 
         print(f"* full speed credit from {FULL_FRACTION:g} of the reference solution's speed on the grading GPU, "
               f"none at or below {PARTIAL_FRACTION:g} of it, linear between: the reference timed in the same rounds "
-              "with `grader grade --yardstick`, else its calibrated time in the GPU's thresholds file (less twice its "
-              "measured spread); a course sets its own in course.toml [speed_curve]")
+              "(the default of `grader grade` on a GPU), else (`--no-yardstick`) its calibrated time in the GPU's "
+              "thresholds file (less twice its measured spread); a course sets its own in course.toml [speed_curve]")
     return 0
 
 

@@ -42,6 +42,8 @@ COLUMNS: dict[str, list[str]] = {
     "grading-history.csv": ["order", "tree", "what", "host", "gpu", "wall_s_min", "wall_s_max", "note"],
     "grading-runs.csv": ["date", "when", "block", "table", "row", "run", "host", "column", "value"],
     "grading-notes.csv": ["date", "when", "block", "n", "text"],
+    "yardstick-runs.csv": ["date", "gpu", "torch", "triton", "machine", "submission", "part", "benchmark",
+                           "x_reference", "x_reference_low", "x_reference_high", "x_baseline", "credit", "rounds"],
 }
 
 SHORT_GPU = {"NVIDIA H100 80GB HBM3": "H100", "NVIDIA H200": "H200"}
@@ -203,6 +205,30 @@ def grading_history() -> list[str]:
     return md(["tree (oldest first)", "one submission (hosts)", "batch of 10 (hosts)"], rows)
 
 
+def _spread(values: list[float]) -> str:
+    return f"{(max(values) - min(values)) / (sum(values) / len(values)) * 100:.1f} %"
+
+
+def yardstick_spread() -> list[str]:
+    """Per benchmark: the slowed fixtures' ratio to the reference timed beside them, and to the baseline, across
+    every grading of them on every machine (min–max and spread), and the references' own ratio."""
+    data = read("yardstick-runs.csv")
+    keys = list(dict.fromkeys((r["part"], r["benchmark"]) for r in data))
+    rows = []
+    for key in keys:
+        mine = [r for r in data if (r["part"], r["benchmark"]) == key]
+        slowed = [r for r in mine if r["submission"].startswith("slowed")]
+        refs = [r for r in mine if r["submission"].startswith("reference")]
+        x_ref = [float(r["x_reference"]) for r in slowed]
+        x_base = [float(r["x_baseline"]) for r in slowed]
+        rows.append([key[0], key[1], f"{len(slowed)} on {len({r['machine'] for r in slowed})}",
+                     span([r["x_reference"] for r in slowed]), _spread(x_ref),
+                     span([r["x_baseline"] for r in slowed]), _spread(x_base),
+                     span([r["credit"] for r in slowed]), span([r["x_reference"] for r in refs])])
+    return md(["part", "benchmark", "slowed gradings (machines)", "slowed × reference", "spread",
+               "slowed × baseline", "spread", "slowed speed credit", "reference × reference"], rows)
+
+
 TABLES: dict[str, Callable[[], list[str]]] = {
     "machines": machines,
     "replay-vs-call-h100": replay_vs_call("H100"),
@@ -221,6 +247,7 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "grading-time": grading_time,
     "grading-projection": grading_projection,
     "grading-history": grading_history,
+    "yardstick-spread": yardstick_spread,
 }
 
 

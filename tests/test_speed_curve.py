@@ -78,7 +78,7 @@ def test_grader_list_states_the_curve_and_a_changed_curve_is_a_changed_course(tm
     assert out.count("speed curve: full credit from 0.6×") == 2  # flash_attention's forward and autograd
     assert out.count("speed curve: the default*") == 4  # the other speed-graded parts
     assert "* full speed credit from 0.92 of the reference solution's speed on the grading GPU" in out
-    assert "`grader grade --yardstick`" in out
+    assert "the default of `grader grade` on a GPU), else (`--no-yardstick`)" in out
     assert config.load_course(path).fingerprint() != config.load_course().fingerprint()
 
 

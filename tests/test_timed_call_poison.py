@@ -385,7 +385,12 @@ def test_the_replayed_cheat_gains_nothing_in_the_timing_engine(replays, graph):
             if "y" not in first:
                 first["y"] = output["y"].clone()
                 return None
-            return None if torch.equal(output["y"], first["y"]) else "a timed output differs from the first"
+            if torch.equal(output["y"], first["y"]):
+                return None
+            y, want = output["y"], first["y"]
+            return (f"a timed output differs from the first (call {len(hits)}, poisoned={poisoned}: "
+                    f"{int((y != want).sum())} of {y.numel()} differ, {int(y.isnan().sum())} NaN here, "
+                    f"{int(want.isnan().sum())} NaN in the first, {hits[-1]} blocks found a result)")
 
         candidates = [Candidate(name, replay, check if name == "cheat" else None,
                                 setup=replay.stage if poisoned else None) for name, replay in replays.items()]

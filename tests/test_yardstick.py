@@ -198,7 +198,7 @@ def test_a_failed_recording_is_the_graders_side_and_leaves_no_yardstick(tmp_path
     assert notes.plans("forward") == {}
 
 
-def test_the_yardstick_is_asked_for_on_the_command_line_and_only_a_gpu_run_gets_it(tmp_path):
+def test_on_a_gpu_the_yardstick_is_the_default_and_no_yardstick_turns_it_off(tmp_path):
     import argparse
 
     from grader.grading import config
@@ -206,13 +206,62 @@ def test_the_yardstick_is_asked_for_on_the_command_line_and_only_a_gpu_run_gets_
 
     parser = argparse.ArgumentParser()
     grade.add_arguments(parser)
-    asked = grade.options_from_args(parser.parse_args(["sub", "--yardstick"]))
-    assert asked.yardstick and not grade.options_from_args(parser.parse_args(["sub"])).yardstick
+
+    def options(*argv):
+        return grade.options_from_args(parser.parse_args(["sub", *argv]))
+
+    assert (options().yardstick, options("--yardstick").yardstick, options("--no-yardstick").yardstick) == (
+        None, True, False)
     course = config.load_course(None)
 
-    def settings(options, device):
-        return config.resolve(options, course, device=device, secret="s", workdir=tmp_path)
+    def settings(chosen, device):
+        return config.resolve(chosen, course, device=device, secret="s", workdir=tmp_path)
 
-    assert settings(asked, "cuda").yardstick == config.default_solutions()
-    assert settings(asked, "cpu").yardstick is None
-    assert settings(config.GradeOptions(), "cuda").yardstick is None
+    assert settings(options(), "cuda").yardstick == config.default_solutions()
+    assert settings(options("--yardstick"), "cuda").yardstick == config.default_solutions()
+    assert settings(options("--no-yardstick"), "cuda").yardstick is None  # the GPU's thresholds file
+    assert settings(options(), "cpu").yardstick is None  # no speed on a CPU
+
+
+def test_a_resumed_batch_keeps_the_way_its_speed_was_credited():
+    from grader.grading.batch import resume
+
+    recorded = {"course_fingerprint": "c", "device_kind": "cuda", "yardstick": True}
+    assert resume.conflicts(recorded, {**recorded, "course": "x"}, "s")[1:] == []
+    said = resume.conflicts(recorded, {**recorded, "course": "x", "yardstick": False}, "s")[1:]
+    assert said == ["the folder's speed was credited beside the reference solutions (the yardstick); this run "
+                    "would credit it against the GPU's thresholds file (--no-yardstick)"]
+
+
+def test_a_server_keeps_the_recording_for_the_next_upload_and_records_again_when_the_reference_changes(
+        tmp_path, monkeypatch):
+    gelu = exercises.get("gelu")
+    recorded = []
+
+    def fake_run(exercise, root, items, settings, **kw):
+        recorded.append(settings.workdir)
+        plans = {b.label: _plan() for b in items[0].part.benchmarks}
+        return supervise.Run(to_time=[(items[0], None, protocol.SpeedDone(items[0].id, SpeedMeasurement(
+            GPU, plans=plans)))])
+
+    monkeypatch.setattr(supervise, "run", fake_run)
+    solutions, cache = tmp_path / "solutions", tmp_path / "serve" / "yardstick"
+    (solutions / "gelu").mkdir(parents=True)
+    (solutions / "gelu" / "gelu.py").write_text("# the reference\n")
+    slot = SimpleNamespace(device={"uuid": "GPU-1"}, name="cuda:0", env={}, gpu_name=GPU, arbiter=None)
+
+    def upload(n):  # each upload a batch of its own: its own workspace
+        settings = replace(_settings(tmp_path / f"upload{n}"), yardstick=solutions, yardstick_cache=cache)
+        return yardstick_plans.result(yardstick_plans.start(gelu, settings=settings, slot=slot))
+
+    first, second = upload(1), upload(2)
+    assert len(recorded) == 1 and not first.cached and second.cached
+    assert {label: p.to_dict() for label, p in second.plans["forward"].items()} == {
+        label: p.to_dict() for label, p in first.plans["forward"].items()}
+    (kept,) = cache.iterdir()
+    assert kept.stat().st_mode & 0o077 == 0 and cache.stat().st_mode & 0o077 == 0  # owner-only
+    (solutions / "gelu" / "gelu.py").write_text("# the reference, tuned again\n")
+    assert not upload(3).cached and len(recorded) == 2
+    kept.write_text("{not json")  # a damaged file is recorded again, not trusted
+    (solutions / "gelu" / "gelu.py").write_text("# the reference\n")
+    assert not upload(4).cached and len(recorded) == 3

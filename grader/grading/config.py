@@ -238,8 +238,11 @@ class GradeOptions:
     # where the hidden cases' inputs and references are kept (default OUT/staff/references): a grading server points
     # every batch it runs (one per submission, one secret) at one folder, so each case is computed once
     references: Path | None = None
-    # on a GPU, the reference solutions timed beside every submission (RunSettings.yardstick)
-    yardstick: bool = False
+    # on a GPU, the reference solutions timed beside every submission (RunSettings.yardstick); None: where the
+    # solutions tree is present (a checkout of the course repository), else the GPU's thresholds file
+    yardstick: bool | None = None
+    # a folder keeping the reference's recorded plans across batches (``grader serve``: one batch per upload)
+    yardstick_cache: Path | None = None
 
     def replace(self, **changes: Any) -> GradeOptions:
         values = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -281,6 +284,7 @@ class RunSettings:
     # the reference solutions, recorded once per batch and GPU and timed beside every student's kernels
     # (:mod:`grader.grading.exercise_run.yardstick_plans`); None: speed is credited against thresholds files
     yardstick: Path | None = None
+    yardstick_cache: Path | None = None  # recorded plans kept across batches (GradeOptions.yardstick_cache)
 
 
 def resolve(options: GradeOptions, course: Course, *, device: str, secret: str, workdir: Path,
@@ -307,8 +311,9 @@ def resolve(options: GradeOptions, course: Course, *, device: str, secret: str, 
         cases_seed=course.cases_seed,
         speed_curves=dict(course.speed_curves),
         parallel_parts=device == "cuda",
-        yardstick=(default_solutions() if options.yardstick and device == "cuda" and default_solutions().is_dir()
-                   else None),
+        yardstick=(default_solutions() if options.yardstick is not False and device == "cuda"
+                   and default_solutions().is_dir() else None),
+        yardstick_cache=options.yardstick_cache,
     )
 
 

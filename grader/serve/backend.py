@@ -49,6 +49,7 @@ def options_to_dict(options: config.GradeOptions) -> dict[str, Any]:
     data = {f.name: getattr(options, f.name) for f in fields(options)}
     data["course"] = str(options.course) if options.course else None
     data["references"] = str(options.references) if options.references else None
+    data["yardstick_cache"] = str(options.yardstick_cache) if options.yardstick_cache else None
     data["exercises"] = list(options.exercises)
     data["slurm"] = dict(options.slurm) if options.slurm is not None else None
     return data
@@ -57,7 +58,9 @@ def options_to_dict(options: config.GradeOptions) -> dict[str, Any]:
 def options_from_dict(data: dict[str, Any]) -> config.GradeOptions:
     return config.GradeOptions(**{**data, "exercises": tuple(data["exercises"]),
                                   "course": Path(data["course"]) if data["course"] else None,
-                                  "references": Path(data["references"]) if data.get("references") else None})
+                                  "references": Path(data["references"]) if data.get("references") else None,
+                                  "yardstick_cache": (Path(data["yardstick_cache"]) if data.get("yardstick_cache")
+                                                      else None)})
 
 
 class EngineBackend:

@@ -4,7 +4,7 @@ The database is copied with SQLite's online backup API (a snapshot of one moment
 meanwhile), then the files: every upload the snapshot knows of is there, since an upload is stored before its
 submission commits. A submission the snapshot shows running may have a half-written attempt folder: on the first
 start after a restore it is queued again and graded from scratch, as after any stop. Left out: ``class/`` (rebuilt
-on demand) and ``references/`` (a cache the grader recomputes)."""
+on demand), ``references/`` and ``yardstick/`` (caches the grader computes or records again)."""
 
 from __future__ import annotations
 

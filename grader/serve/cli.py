@@ -344,8 +344,9 @@ def _serve(db: Database, folder: Path, args: argparse.Namespace) -> int:
     if requeued:
         print(f"grader serve: {len(requeued)} submission(s) were being graded when the server stopped: queued again "
               f"({', '.join(f'#{i}' for i in requeued)})", file=sys.stderr)
-    # every submission is a batch of its own, all with the folder's secret: they share the cases' references
-    options = options.replace(references=folder / "references")
+    # every submission is a batch of its own, all with the folder's secret: they share the cases' references, and
+    # the reference solutions' recorded plans (the yardstick), recorded once per GPU for the term
+    options = options.replace(references=folder / "references", yardstick_cache=folder / "yardstick")
     service = Service(db=db, folder=folder, backend=EngineBackend(options=options, secret=secret, course=course),
                       policy=policy, course=course, all_exercises=everything, selected=selected, device=device,
                       on_gpu=on_gpu, salt=secret, workers=args.workers)

@@ -61,7 +61,7 @@ class Context:
                 "course_file": str(self.course_file) if self.course_file else None,
                 "course_fingerprint": self.course.fingerprint(), "course_decisions": self.course.decisions(),
                 "correctness": self.course.correctness, "sandbox": self.sandbox_note,
-                "unsandboxed": self.unsandboxed}
+                "unsandboxed": self.unsandboxed, "yardstick": s.yardstick is not None}
 
 
 class Workspace:

@@ -178,7 +178,8 @@ def recorded_options(recorded: dict, options: config.GradeOptions) -> config.Gra
         exercises=tuple(recorded["exercises"]), random_cases=recorded["random_cases"],
         timeout_s=recorded["timeout_s"], call_timeout_s=recorded["call_timeout_s"],
         memory_mb=recorded["memory_mb"], course=Path(course) if course else None,
-        unsandboxed=bool(recorded.get("unsandboxed", False)))
+        unsandboxed=bool(recorded.get("unsandboxed", False)),
+        yardstick=recorded.get("yardstick", options.yardstick))
 
 
 def reprepare(out: Path, student: str, dest: Path, selected: tuple[Exercise, ...]) -> submission.Submission:

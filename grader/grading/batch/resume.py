@@ -75,10 +75,18 @@ def conflicts(recorded: Mapping[str, Any], current: Mapping[str, Any], secret: s
         was = "without a sandbox" if recorded.get("unsandboxed") else "in the sandbox"
         problems.append(f"the folder was graded {was}; this run would grade "
                         + ("without one (--unsandboxed)" if current.get("unsandboxed") else "in the sandbox"))
+    if recorded.get("yardstick", current.get("yardstick")) != current.get("yardstick"):
+        problems.append("the folder's speed was credited " + _yardstick_said(recorded.get("yardstick"))
+                        + "; this run would credit it " + _yardstick_said(current.get("yardstick")))
     for key in SCORE_SETTINGS:
         if key in recorded and recorded[key] != current[key]:
             problems.append(f"{key} is {current[key]} now, {recorded[key]} when the folder was graded")
     return problems
+
+
+def _yardstick_said(on: bool | None) -> str:
+    return ("beside the reference solutions (the yardstick)" if on
+            else "against the GPU's thresholds file (--no-yardstick)")
 
 
 def refuse(out: Path, problems: Iterable[str], hint: str = START_FRESH) -> Conflict:

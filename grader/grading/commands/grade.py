@@ -75,9 +75,11 @@ def add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keep-work", action="store_true", help="keep the scratch directory (for debugging)")
     parser.add_argument("--profile", action="store_true",
                         help="print where the time went, per exercise (it is always in the reports' details.json)")
-    parser.add_argument("--yardstick", action="store_true",
+    parser.add_argument("--yardstick", action=argparse.BooleanOptionalAction, default=None,
                         help="on a GPU, time the reference solutions (solutions/) beside every submission, in the same "
-                        "rounds, and credit speed from that ratio: no thresholds file needed (docs/trusted-timer.md)")
+                        "rounds, and credit speed from that ratio: no thresholds file needed (docs/trusted-timer.md). "
+                        "Default: on where solutions/ is present; --no-yardstick credits speed against the GPU's "
+                        "thresholds file")
     parser.add_argument("--unsandboxed", action="store_true",
                         help="run student code without the bubblewrap sandbox (it then reaches whatever the grader's "
                         "user can); said in run.json and in every report")
@@ -111,14 +113,14 @@ def options_from_args(args: argparse.Namespace) -> config.GradeOptions:
         fresh=getattr(args, "fresh", False),
         regrade_changed=getattr(args, "regrade_changed", False), slurm=slurm.overrides(args),
         wait=getattr(args, "wait", False),
-        unsandboxed=args.unsandboxed, yardstick=getattr(args, "yardstick", False),
+        unsandboxed=args.unsandboxed, yardstick=getattr(args, "yardstick", None),
     )
 
 
 def run(args: argparse.Namespace) -> int:
     try:
         options = options_from_args(args)
-        if options.yardstick and not config.default_solutions().is_dir():
+        if options.yardstick is True and not config.default_solutions().is_dir():
             raise UsageError(f"--yardstick times the reference solutions, and {config.default_solutions()} is not a "
                              "folder: run the grader from a checkout of the course repository")
         if options.processes is not None and options.slurm is not None:
