@@ -110,7 +110,7 @@ def test_notebook_without_marked_cells_says_how_to_mark_them(tmp_path):
 
 
 @pytest.mark.parametrize("text, message", [
-    ("{ not json", "is not valid: Notebook does not appear to be JSON"),
+    ("{ not json", "is not valid: it is not JSON"),
     ('{"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5, "extra": 1}', "is not valid: Additional"),
     ('{"nbformat": 4, "nbformat_minor": 5, "metadata": {}}', "is not valid: The notebook is invalid and is missing "
                                                            "an expected key: cells"),

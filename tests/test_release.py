@@ -138,7 +138,7 @@ def test_notebooks_are_submissions_and_their_test_cell_runs(release):
     path = release / "notebooks" / "gelu.ipynb"
     nb = nbformat.read(str(path), as_version=4)
     nbformat.validate(nb)
-    modules, problems = submission.notebook_modules(nb, exercises.all_exercises())
+    modules, problems = submission.notebook_modules(nb.cells, exercises.all_exercises())
     assert problems == [] and set(modules) == {"gelu"}
     assert "raise NotImplementedError" in modules["gelu"]
     stub_cell = next(c.source for c in nb.cells if c.cell_type == "code" and c.source.startswith("# %% exercise:"))

@@ -34,12 +34,14 @@ import shutil
 import stat
 import tomllib
 import zipfile
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from grader.checks import loader
 from grader.checks.spec import Exercise
-from grader.grading.batch import skipping
+from grader.grading.batch import notebook_reader, skipping
 from grader.grading.batch.skipping import BOMB_RATIO, MAX_BYTES, Entry
 
 MARKER = re.compile(r"^\s*#\s*%%\s*exercise:\s*(\S+)\s*$")
@@ -248,12 +250,13 @@ def _select(src: Path, entries: list[Entry], sub: Submission, modules: set[tuple
     return selection
 
 
-def notebook_modules(nb, exercises: tuple[Exercise, ...]) -> tuple[dict[str, str], list[str]]:
+def notebook_modules(cells: Iterable[Mapping[str, Any]], exercises: tuple[Exercise, ...]
+                     ) -> tuple[dict[str, str], list[str]]:
     """``{exercise: module source}`` from the marked code cells, and problems found on the way."""
     known = {e.name for e in exercises}
     sources: dict[str, list[str]] = {}
     problems = []
-    for index, cell in enumerate(nb.cells):
+    for index, cell in enumerate(cells):
         if cell.get("cell_type") != "code":
             continue
         source = cell.get("source", "")
@@ -274,43 +277,16 @@ def notebook_modules(nb, exercises: tuple[Exercise, ...]) -> tuple[dict[str, str
     return {name: "\n".join(parts) for name, parts in sources.items()}, problems
 
 
-def read_notebook(path: Path):
-    """Read and validate a notebook; SubmissionError says what is wrong with a malformed one."""
-    import warnings
-
-    import nbformat
-
-    with warnings.catch_warnings():  # missing cell ids: nbformat warns, and validate() says what matters
-        warnings.simplefilter("ignore")
-        try:
-            nb = nbformat.read(str(path), as_version=4)
-        except Exception as exc:  # nbformat raises NotJSONError, ValueError, KeyError, ... on bad files
-            raise SubmissionError(
-                f"notebook {path.name} is not valid: {_first_line(exc) or type(exc).__name__}"
-            ) from None
-        try:
-            nbformat.validate(nb)
-        except nbformat.ValidationError as exc:
-            where = "/".join(str(p) for p in getattr(exc, "absolute_path", []) or [])
-            raise SubmissionError(
-                f"notebook {path.name} is not valid: {_first_line(exc)}" + (f" (at {where})" if where else "")
-            ) from None
-    return nb
-
-
-def _first_line(exc: Exception) -> str:
-    message = getattr(exc, "message", None) or str(exc)
-    return str(message).strip().splitlines()[0] if str(message).strip() else ""
-
-
 def _from_notebook(path: Path, impl: Path, exercises: tuple[Exercise, ...], sub: Submission) -> Path:
-    nb = read_notebook(path)
-    meta = nb.metadata.get("grader", {}) if isinstance(nb.metadata, dict) else {}
-    if isinstance(meta, dict) and meta.get("student_id"):
+    try:  # in a child process, within a memory and a time bound (notebook_reader)
+        nb = notebook_reader.read(path)
+    except notebook_reader.NotebookError as exc:
+        raise SubmissionError(str(exc)) from None
+    meta = nb["grader"]
+    if meta.get("student_id"):
         sub.student = sanitize(str(meta["student_id"]))
-    if isinstance(meta, dict):
-        sub.display_name = display_name(meta.get("display_name"))
-    modules, problems = notebook_modules(nb, exercises)
+    sub.display_name = display_name(meta.get("display_name"))
+    modules, problems = notebook_modules(nb["cells"], exercises)
     sub.problems.extend(f"notebook {path.name}: {p}" for p in problems)
     if not modules:
         sub.problems.append(f"notebook {path.name} has no code cell starting with '# %% exercise: <name>' "
