@@ -143,3 +143,30 @@ def test_a_check_whose_call_filled_the_scratch_says_so(monkeypatch):
     text = student_traceback(OSError(errno.ENOSPC, "No space left on device"))
     assert "the sandbox's scratch space (2 GiB) is full" in text
     assert "scratch space" not in student_traceback(OSError(errno.EACCES, "Permission denied"))
+
+
+def test_the_course_sizes_the_scratch_and_every_report_says_the_size(tmp_path):
+    from types import SimpleNamespace
+
+    from grader.grading import config
+    from grader.grading.batch import context
+
+    course = tmp_path / "course.toml"
+    course.write_text("[grading]\nscratch_mb = 512\n")
+    sized = bwrap.Sandbox("bwrap", (0, 11, 0), (), scratch_bytes=bwrap.SCRATCH_BYTES)
+    work = SimpleNamespace(dir=tmp_path / "work", token="t")
+
+    def made(options, box):
+        return context.make_context(tmp_path / "out", options, secret="s", work=work, device="cpu",
+                                    sandbox=(box, f"in {box.description}"))
+
+    ctx = made(config.GradeOptions(course=course), sized)
+    assert ctx.settings.sandbox.scratch_bytes == 512 << 20
+    assert ctx.sandbox_note == "in a bubblewrap 0.11.0 sandbox (/tmp of 0.5 GiB)"
+    default = made(config.GradeOptions(), sized)
+    assert default.settings.sandbox.scratch_bytes == 2048 << 20 == bwrap.SCRATCH_BYTES
+    unsized = bwrap.Sandbox("bwrap", (0, 6, 0), ())  # no --size: nothing to size, and said so
+    assert made(config.GradeOptions(course=course), unsized).settings.sandbox.scratch_bytes is None
+    course.write_text("[grading]\nscratch_mb = 0\n")
+    with pytest.raises(config.CourseError, match="scratch_mb must be positive"):
+        config.load_course(course)

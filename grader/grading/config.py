@@ -29,7 +29,7 @@ DEVICES = ("cpu", "cuda")
 # [grading] keys that may differ per device (``key_cpu`` / ``key_cuda``), with their type
 DEFAULT_CASES_SEED = "triton-kernels-course"  # course.toml's public default: instructors set their own
 PER_DEVICE = {"random_cases": int, "timeout_s": float, "call_timeout_s": float, "memory_mb": int,
-              "speed_budget_s": float, "jobs": int, "compile_timeout_s": float}
+              "speed_budget_s": float, "jobs": int, "compile_timeout_s": float, "scratch_mb": int}
 
 
 class CourseError(ValueError):

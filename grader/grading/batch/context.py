@@ -163,6 +163,11 @@ def make_context(out: Path, options: config.GradeOptions, *, secret: str, work: 
     all_ex = registry.all_exercises()
     course = config.load_course(options.course, known=tuple(e.name for e in all_ex))
     selected = _select(all_ex, options.exercises)
+    box, note = sandbox
+    if box is not None and box.scratch_bytes:  # the course's size of a worker's /tmp (this bwrap can size it)
+        box = replace(box, scratch_bytes=int(course.setting("scratch_mb", device)) << 20)
+        note = f"in {box.description}"
+    sandbox = (box, note)
     settings = config.resolve(options, course, device=device, secret=secret, workdir=work.dir,
                               gpu_name=mode.gpu_name if device == mode.device else None, sandbox=sandbox[0])
     settings = replace(settings, env={**settings.env, reaper.BATCH_VAR: work.token},
