@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -19,6 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
 import uvicorn
 
 from grader import exercises
@@ -76,6 +78,22 @@ def wait_healthy(url: str, *, timeout_s: float = START_TIMEOUT_S, process: subpr
                 return
         time.sleep(0.1)
     raise TimeoutError(f"{url} did not answer within {timeout_s} s")
+
+
+def browser():
+    """A headless Chromium through Selenium and Debian's chromium-driver; a skip with the reason where absent."""
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install selenium)")
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = shutil.which("chromedriver")
+    if chromium is None or driver is None:
+        pytest.skip("chromium or chromedriver is not installed (apt-get install -y chromium chromium-driver)")
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
+        options.add_argument(flag)
+    return webdriver.Chrome(service=Service(executable_path=driver), options=options)
 
 
 def grader_command(*args: str) -> list[str]:

@@ -118,25 +118,9 @@ def test_the_instructors_routes_refuse_student_tokens(server, alices_submission)
 # ------------------------------------------------------------------------------------ the web page
 
 
-def _browser():
-    """A headless Chromium through Selenium and Debian's chromium-driver; a skip with the reason where absent."""
-    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install selenium)")
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    driver = shutil.which("chromedriver")
-    if chromium is None or driver is None:
-        pytest.skip("chromium or chromedriver is not installed (apt-get install -y chromium chromium-driver)")
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
-        options.add_argument(flag)
-    return webdriver.Chrome(service=Service(executable_path=driver), options=options)
-
-
 def test_the_web_page_logs_in_uploads_and_shows_the_report_and_leaderboard(server, alices_submission, tmp_path):
     running, tokens = server
-    browser = _browser()
+    browser = helpers.browser()
     from selenium.common.exceptions import WebDriverException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
