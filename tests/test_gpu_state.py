@@ -243,3 +243,13 @@ def test_torch_uuid_only_where_this_process_already_uses_cuda(monkeypatch: pytes
     assert TORCH_UUID(0) is None  # no CUDA context is created just to read the GPU's state
     initialised[0] = True
     assert TORCH_UUID(0) == "58ddf6f9-4ad3-6af4-b07b-bfda8a7c7f8d"
+
+
+def test_the_profile_says_the_gpus_state_around_the_rounds_as_before_and_after_where_it_moved():
+    before = {"sm_mhz": 1980, "mem_mhz": 3201, "temperature_c": 44, "power_w": 401.0, "reasons": []}
+    after = {**before, "temperature_c": 51, "reasons": ["HwSlowdown"]}
+    assert gpu_state.describe_span([before, dict(before)]) == (
+        "1980 MHz SM, 3201 MHz memory, 44 °C, 401 W, reasons: none")
+    assert gpu_state.describe_span([before, after]) == (
+        "1980 MHz SM, 3201 MHz memory, 44 °C, 401 W, reasons: none → "
+        "1980 MHz SM, 3201 MHz memory, 51 °C, 401 W, reasons: HwSlowdown")

@@ -185,3 +185,10 @@ def describe(state: GpuState | None) -> str:
     reasons = "unknown" if state.reasons is None else ", ".join(state.reasons) or "none"
     return (f"{shown(state.sm_mhz, 'MHz SM')}, {shown(state.mem_mhz, 'MHz memory')}, "
             f"{shown(state.temperature_c, '°C')}, {shown(state.power_w, 'W')}, reasons: {reasons}")
+
+
+def describe_span(states: Sequence[dict[str, Any]]) -> str:
+    """The states sampled around a part's rounds (as details.json keeps them), "before → after" where they differ."""
+    decoded = [GpuState.from_dict(d) for d in states]
+    lines = [describe(state) for state in decoded]
+    return lines[0] if len(set(lines)) == 1 else " → ".join(lines)

@@ -25,6 +25,7 @@ from grader.grading.exercise_run.judging import GRADER_FAULT, grader_error
 from grader.grading.exercise_run.slots import Slot
 from grader.grading.results import rebuild, reports, scoring, store
 from grader.grading.results.results import NEEDS_REGRADE, ExerciseResult
+from grader.speed import gpu_state
 
 
 class Recorder:
@@ -65,6 +66,10 @@ class Recorder:
             self.progress.note(f"  profile {task.student} {task.exercise.name}: {steps}")
             if result.cpu:
                 self.progress.note(f"    CPU of its processes: {cpu_text(result.cpu)}")
+            for part in result.parts:
+                if part.speed.gpu_state:
+                    self.progress.note(f"    the GPU around {part.name}'s timed rounds: "
+                                       + gpu_state.describe_span(part.speed.gpu_state))
             for step, seconds in result.cpu.items():
                 self.cpu_by_step[step] = self.cpu_by_step.get(step, 0.0) + seconds
 
