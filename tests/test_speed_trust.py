@@ -18,7 +18,7 @@ from grader.grading.exercise_run import plan
 from grader.grading.exercise_run.judging import ExerciseJudge
 from grader.grading.isolation import protocol, wire
 from grader.grading.results.scoring import score_part
-from grader.speed import bench, clocks, credit, gpu_limits, stats, tamper, timing
+from grader.speed import bench, clocks, credit, credit_messages, gpu_limits, stats, tamper, timing, trust_checks
 from grader.speed.measure import STUDENT, BenchmarkTiming, SpeedMeasurement
 from grader.speed.thresholds import Threshold, Thresholds
 from tests.fake_clock import FakeClock
@@ -129,8 +129,8 @@ def test_physical_limits():
 
 
 def test_impossible_times_are_found_for_the_student_and_the_baselines():
-    assert credit.impossible_times(PART, _measurement(0.094, 0.0937), None) == []
-    found = credit.impossible_times(PART, _measurement(1e-6, 1e-6), None)
+    assert trust_checks.impossible_times(PART, _measurement(0.094, 0.0937), None) == []
+    found = trust_checks.impossible_times(PART, _measurement(1e-6, 1e-6), None)
     assert len(found) == 2 * len(PART.benchmarks)
     assert "your kernel measured 0.0 µs, but the work needs at least" in found[0]
     assert any("the baseline 'torch'" in f for f in found)
@@ -139,11 +139,11 @@ def test_impossible_times_are_found_for_the_student_and_the_baselines():
 def test_a_baseline_far_from_its_calibration_is_drift():
     part_credit = credit.part_credit(PART, _measurement(0.094, 0.3), recheck=credit.Verdict(True),
                                      thresholds=_thresholds())
-    drift = credit.baseline_drift(part_credit.rows, _thresholds(), PART)
+    drift = trust_checks.baseline_drift(part_credit.rows, _thresholds(), PART)
     assert drift and "3.20× its calibrated" in drift
     fair = credit.part_credit(PART, _measurement(0.094, 0.0937), recheck=credit.Verdict(True),
                               thresholds=_thresholds())
-    assert credit.baseline_drift(fair.rows, _thresholds(), PART) is None
+    assert trust_checks.baseline_drift(fair.rows, _thresholds(), PART) is None
 
 
 def _judge_speed(measurement, monkeypatch, thresholds) -> tuple[ExerciseJudge, object]:
@@ -292,7 +292,7 @@ def test_a_slow_parts_report_names_the_kernels_its_call_launched():
                                     thresholds=_thresholds())
     assert unrecorded.rows[0].launches is None and "launches" not in unrecorded.rows[0].to_dict()
     assert "reference_launches" not in unrecorded.rows[0].to_dict()
-    assert credit.launch_list(["a", "b", "a"]) == "3 kernels (a ×2, b)"
+    assert credit_messages.launch_list(["a", "b", "a"]) == "3 kernels (a ×2, b)"
 
 
 @pytest.mark.parametrize("behaviour", ["computes", "replays", "wrong"],

@@ -16,7 +16,7 @@ from grader import exercises
 from grader.grading.config import RunSettings
 from grader.grading.exercise_run import runner, supervise, yardstick_plans
 from grader.grading.isolation import protocol
-from grader.speed import credit, stats
+from grader.speed import credit, credit_messages, stats
 from grader.speed.measure import REFERENCE, STUDENT, BenchmarkTiming, SpeedMeasurement
 from grader.speed.plan import LaunchPlan
 from grader.speed.thresholds import Curve, Threshold, Thresholds
@@ -51,7 +51,7 @@ def _judge(measurement: SpeedMeasurement, **kw) -> credit.SpeedVerdict:
 def test_a_gpu_without_thresholds_grades_speed_from_the_reference_timed_beside():
     same = _judge(_measurement(0.09))
     assert same.status == credit.MEASURED and same.fraction == 1.0
-    assert {r.threshold for r in same.rows} == {credit.SIDE_BY_SIDE}
+    assert {r.threshold for r in same.rows} == {credit_messages.SIDE_BY_SIDE}
     assert "timed in the same rounds" in same.message and "not calibrated" not in same.message
     slowed = _judge(_measurement(0.09 / 0.87))  # 15 % slower than the reference: 0.87 of its speed
     assert slowed.status == credit.MEASURED

@@ -36,7 +36,7 @@ from grader import exercises
 from grader.checks import loader, runtime
 from grader.checks.spec import Benchmark, Exercise, Part
 from grader.checks.verdicts import Verdict
-from grader.speed import credit, measure, probes, roofline, stats, thresholds, trusted, workload
+from grader.speed import credit, credit_messages, measure, probes, roofline, stats, thresholds, trusted, workload
 
 YOURS = "yours"
 IN_PROCESS = "yours (in-process)"  # --in-process: the student's call itself, timed beside its replay
@@ -232,7 +232,7 @@ def render(result: dict[str, Any], rows: list[dict[str, Any]], console=None) -> 
             credit_text = f"{c.credit:.0%} (full at {c.required_full:.2f}×){note}"
         style = "bold" if r["impl"] == YOURS else ""
         table.add_row(
-            label, f"[{style}]{r['impl']}[/{style}]" if style else r["impl"], credit.fmt_ms(r["ms"]),
+            label, f"[{style}]{r['impl']}[/{style}]" if style else r["impl"], credit_messages.fmt_ms(r["ms"]),
             _fmt(100 * r["spread"], ".1f", "%"), _fmt(r.get("gbps"), ".0f"), _fmt(r.get("tflops"), ".2f"),
             _fmt(r.get("pct_roofline"), ".0f", "%"), _fmt(r.get("vs_baseline"), ".2f", "×"),
             _fmt(r.get("yours_faster"), ".2f", "×"), credit_text,
@@ -242,7 +242,7 @@ def render(result: dict[str, Any], rows: list[dict[str, Any]], console=None) -> 
         console.print(flag)
     for label, by_impl in result.get("rounds_ms", {}).items():
         for impl, values in by_impl.items():
-            console.print(f"  {label} {impl} rounds: " + " ".join(credit.fmt_ms(v) for v in values))
+            console.print(f"  {label} {impl} rounds: " + " ".join(credit_messages.fmt_ms(v) for v in values))
 
 
 def plot_svg(result: dict[str, Any], rows: list[dict[str, Any]]) -> str:

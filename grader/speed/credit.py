@@ -13,7 +13,6 @@ achieved bandwidth and throughput against this GPU's roofline, and what usually 
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
@@ -23,12 +22,13 @@ import torch
 
 from grader.checks.spec import Part
 from grader.checks.verdicts import Verdict
-from grader.speed import gpu_limits
 from grader.speed import thresholds as thresholds_mod
+from grader.speed.credit_messages import SIDE_BY_SIDE, calibration_note, kernel_name, row_message
 from grader.speed.measure import REFERENCE, STUDENT, BenchmarkTiming, SpeedMeasurement
 from grader.speed.plan import LaunchPlan
 from grader.speed.stats import RatioInterval
 from grader.speed.thresholds import Threshold, Thresholds
+from grader.speed.trust_checks import baseline_drift, distrust, unfair_gpu
 from grader.speed.trusted import REPLAY_MISMATCH
 from grader.speed.workload import Work, benchmark_work, roofline_numbers, roofline_of
 
@@ -39,21 +39,6 @@ NOT_GRADED = "not graded"  # the part is not speed-graded
 FAILED = "failed"  # the measurement failed (the student's code raised, a benchmark errored): no credit
 FLAGGED = "flagged"  # the measurement cannot be trusted: no credit, an integrity flag
 NEEDS_REGRADE = "needs regrade"  # this GPU cannot grade speed now (not calibrated, not running as calibrated)
-
-MEMORY_HINTS = (
-    "BLOCK too small: each program moves too few bytes to hide memory latency (try >= 1024 elements per program)",
-    "uncoalesced loads: neighbouring lanes must touch neighbouring addresses (tl.arange along the contiguous dim)",
-    "extra passes over memory: read each input element once and write each output element once",
-    "too few warps, or too few loads in flight per thread, for the block size (num_warps)",
-)
-COMPUTE_HINTS = (
-    "tiles too small for tl.dot: 64x64 or larger blocks keep the tensor cores busy",
-    "materialized intermediates: a result the next step needs (in attention, the NxN scores) goes through memory "
-    "instead of staying on-chip",
-    "tl.dot operands in fp32 instead of fp16/bf16, or products accumulated outside tl.dot",
-    "no software pipelining (num_stages) or poor L2 reuse (grouped program order)",
-)
-
 
 def load_thresholds(gpu_name: str | None = None) -> Thresholds | None:
     """This GPU's thresholds (``$GRADER_THRESHOLDS`` first); None when it is not calibrated.
@@ -150,7 +135,6 @@ class BenchmarkCredit:
 
 
 _MEASURED_ONLY = ("spread", "copy_ms", "mode", "rounds")
-SIDE_BY_SIDE = "side by side"
 _FIELDS = {f.name for f in fields(BenchmarkCredit)}
 
 
@@ -208,103 +192,6 @@ def _beside(out: BenchmarkCredit, interval: RatioInterval, threshold: Threshold)
     out.straddles = not interval.clear_of((out.yardstick_full, out.yardstick_partial))
 
 
-def fmt_ms(ms: float | None) -> str:
-    if ms is None or not math.isfinite(ms):
-        return "?"
-    return f"{ms:.3f} ms" if ms >= 0.1 else f"{ms * 1e3:.1f} µs"
-
-
-def row_message(r: BenchmarkCredit, roofline: dict[str, Any]) -> str:
-    """One benchmark, for a student: measured vs required, ratio, achieved rates, likely causes."""
-    label, base = r.label, r.baseline
-    if r.error:
-        return f"{label}: no speed credit — {r.error}"
-    if r.yardstick is not None and r.yardstick_full and r.yardstick_partial is not None and r.reference_ms:
-        head = (f"{label}: {fmt_ms(r.student_ms)} = {r.yardstick:.2f}× the speed of the reference solution "
-                f"({fmt_ms(r.reference_ms)}, timed in the same rounds; {r.yardstick_low:.2f}–{r.yardstick_high:.2f}), "
-                f"{r.ratio:.2f}× {base} ({fmt_ms(r.baseline_ms)})")
-        straddle = ("\n    the interval still holds a credit boundary after the part's timing budget: credited at "
-                    "the point estimate" if r.straddles else "")
-        if r.credit >= 1.0:
-            return f"{head}; full credit from {r.yardstick_full:.2f}× the reference — ok{straddle}"
-        lines = [f"{head}; credit {r.credit:.0%}{straddle}",
-                 f"    required: {r.yardstick_full:.2f}× the reference's speed (≤ "
-                 f"{fmt_ms(r.reference_ms / r.yardstick_full)}) for full credit, above {r.yardstick_partial:.2f}×"
-                 + (f" (< {fmt_ms(r.reference_ms / r.yardstick_partial)})" if r.yardstick_partial > 0 else "")
-                 + " for partial credit"]
-    else:
-        head = f"{label}: {fmt_ms(r.student_ms)} = {r.ratio:.2f}× the speed of {base} ({fmt_ms(r.baseline_ms)})"
-        if r.credit >= 1.0:
-            return f"{head}; full credit from {r.required_full:.2f}× — ok"
-        need_ms = r.baseline_ms / r.required_full
-        floor = f" (< {fmt_ms(r.baseline_ms / r.required_partial)})" if r.required_partial > 0 else ""
-        lines = [
-            f"{head}; credit {r.credit:.0%}",
-            f"    required: {r.required_full:.2f}× {base} (≤ {fmt_ms(need_ms)}) for full credit, "
-            f"above {r.required_partial:.2f}×{floor} for partial credit",
-        ]
-    achieved = []
-    if r.gbps is not None:
-        bw = roofline.get("copy_gbps")
-        of = f" = {100 * r.gbps / bw:.0f}% of the copy bandwidth ({bw:.0f} GB/s measured)" if bw else ""
-        achieved.append(f"{r.gbps:.0f} GB/s{of}")
-    if r.tflops is not None:
-        achieved.append(f"{r.tflops:.2f} TFLOP/s")
-    if r.pct_roofline is not None:
-        achieved.append(f"{r.pct_roofline:.0f}% of the roofline")
-    if achieved:
-        lines.append("    achieved: " + "; ".join(achieved))
-    if r.copy_ms:
-        lines.append(f"    a plain copy of the same data takes {fmt_ms(r.copy_ms)}")
-    if r.launches:
-        beside = f", the reference solution's {r.reference_launches}" if r.reference_launches is not None else ""
-        lines.append(f"    your call launches {launch_list(r.launches)}{beside}: each launch is a pass over its "
-                     "memory; `grader profile` shows them beside the reference's")
-    hints = COMPUTE_HINTS if r.bound == "compute" else MEMORY_HINTS
-    kind = "compute-bound" if r.bound == "compute" else "memory-bound"
-    lines.append(f"    what usually causes the gap ({kind} kernel):")
-    lines += [f"      - {h}" for h in hints]
-    return "\n".join(lines)
-
-
-def launch_list(names: list[str], most: int = 6) -> str:
-    """``3 kernels (_row ×2, _sum)``: the count, then each kernel with how often it ran, in first-launch order."""
-    counts = dict.fromkeys(names, 0)
-    for name in names:
-        counts[name] += 1
-    each = [name if n == 1 else f"{name} ×{n}" for name, n in counts.items()]
-    shown = ", ".join(each[:most]) + (f", and {len(each) - most} more" if len(each) > most else "")
-    return f"{len(names)} kernel{'s' if len(names) != 1 else ''} ({shown})"
-
-
-def _kernel_name(plan: LaunchPlan, index: int) -> str:
-    """A recorded kernel's name as a report may show it (the plan comes from the student's process: only an
-    identifier's characters, at most 60)."""
-    name = plan.kernels[index].name if 0 <= index < len(plan.kernels) else "?"
-    return "".join(c for c in name if c.isalnum() or c in "_.")[:60] or "?"
-
-
-def calibration_note(gpu: str, rows: list[BenchmarkCredit], thresholds: Thresholds | None) -> str:
-    sources = {r.threshold for r in rows}
-    if sources == {SIDE_BY_SIDE}:
-        return ("yardstick: the reference solution's kernels, replayed and timed in the same rounds as yours on this "
-                f"GPU ({gpu})")
-    sources.discard(SIDE_BY_SIDE)
-    if sources == {"calibrated"} and thresholds is not None:
-        return f"thresholds: {thresholds.where} (calibrated on {thresholds.gpu})"
-    try:
-        where = thresholds_mod.display_path(thresholds_mod.path_for(gpu))
-    except thresholds_mod.ThresholdsError:
-        where = "a thresholds file"
-    _, used = thresholds_mod.portable()
-    basis = (f"the most lenient ratios of the calibrated GPUs ({', '.join(used)})" if "portable" in sources
-             else f"default ratios ({thresholds_mod.DEFAULT_FULL}× {rows[0].baseline if rows else 'baseline'} "
-                  "for full credit)")
-    missing = "" if thresholds is None else f" ({thresholds.where} has no entry for some benchmarks)"
-    return (f"this GPU ({gpu}) is not calibrated{missing}: no {where}; required speeds are {basis}. "
-            "Run `grader calibrate` on it to calibrate")
-
-
 @dataclass
 class SpeedCredit:
     fraction: float  # in [0, 1]: the mean credit over the part's benchmarks
@@ -338,7 +225,7 @@ def part_credit(part: Part, measurement: SpeedMeasurement, *, recheck: Verdict,
                                source, roofline)
         plan = measurement.plans.get(bench.label)
         if isinstance(plan, LaunchPlan):  # recorded in the worker: what the call launched, kernel by kernel
-            row.launches = [_kernel_name(plan, step.kernel) for step in plan.steps if step.op == "launch"]
+            row.launches = [kernel_name(plan, step.kernel) for step in plan.steps if step.op == "launch"]
             row.reference_launches = part.reference_launches
         rows.append(row)
     scored = summarize(rows, roofline, measurement.gpu, thresholds, recheck)
@@ -364,70 +251,6 @@ def summarize(rows: list[BenchmarkCredit], roofline: dict[str, Any], gpu: str, t
 
 
 # --------------------------------------------------------------------------------------------
-# Can the measurement be trusted? (the grader's process: plain data in)
-# --------------------------------------------------------------------------------------------
-
-DRIFT = 1.5  # a baseline slower or faster than this factor of its calibrated time: the GPU is not as calibrated
-# The reference's own median moving by more than this between the first and the second half of its rounds: the GPU
-# changed while it timed (the paired ratio absorbs slow drift; this much is a GPU nobody should grade on).
-YARDSTICK_DRIFT = 0.10
-
-
-def unfair_gpu(measurement: SpeedMeasurement) -> str | None:
-    """Why the GPU's state made the timed rounds unfair (the grader's side: a regrade, never a lower score): a
-    throttle seen before or after them, or a yardstick whose own time moved during them."""
-    from grader.speed import gpu_state
-
-    states = [gpu_state.GpuState.from_dict(d) for d in measurement.gpu_state if d]
-    throttled = gpu_state.throttled(states)
-    if throttled:
-        return f"the GPU throttled while the part was timed ({throttled})"
-    for row in measurement.benchmarks:
-        if row.yardstick_drift is not None and row.yardstick_drift > YARDSTICK_DRIFT:
-            return (f"{row.label}: the reference solution's own time moved by {row.yardstick_drift:.0%} during the "
-                    f"rounds (more than {YARDSTICK_DRIFT:.0%}): the GPU changed while it was timed")
-    return None
-
-
-def impossible_times(part: Part, measurement: SpeedMeasurement, thresholds: Thresholds | None) -> list[str]:
-    """Times that beat the GPU's physical limits (:mod:`grader.speed.gpu_limits`): a forged or broken timer."""
-    limits = gpu_limits.for_gpu(measurement.gpu, thresholds)
-    if limits is None:
-        return []
-    found = []
-    benches = {b.label: b for b in part.benchmarks}
-    for row in measurement.benchmarks:
-        if row.error or row.label not in benches:
-            continue
-        work = benchmark_work(part, benches[row.label])
-        floor = gpu_limits.floor_ms(limits, work.bytes, work.flops, work.dtype)
-        for name, stats in row.times.items():
-            if gpu_limits.impossible(stats.median, floor):
-                who = "your kernel" if name == STUDENT else f"the baseline {name!r}"
-                found.append(f"{row.label}: {who} measured {fmt_ms(stats.median)}, but the work needs at least "
-                             f"{fmt_ms(floor)} on {limits.gpu} (its {limits.source} limits: "
-                             f"{limits.bandwidth_gbps:.0f} GB/s, {limits.tflops.get(work.dtype or '', 0):.0f} TFLOP/s)")
-    return found
-
-
-def baseline_drift(rows: list[BenchmarkCredit], thresholds: Thresholds | None, part: Part) -> str | None:
-    """A calibrated baseline measured far from its calibrated time: the GPU is shared, throttled or not the
-    one calibrated, so ratios against the thresholds would not be fair (to anyone)."""
-    for r in rows:
-        if r.threshold != "calibrated" or r.baseline_ms is None or thresholds is None:
-            continue
-        entry = thresholds.get(part.exercise.name if part.exercise else "?", part.name, r.label)
-        if entry is None or not entry.baseline_ms:
-            continue
-        factor = r.baseline_ms / entry.baseline_ms
-        if not 1 / DRIFT <= factor <= DRIFT:
-            return (f"{r.label}: the baseline {r.baseline} took {fmt_ms(r.baseline_ms)}, "
-                    f"{factor:.2f}× its calibrated {fmt_ms(entry.baseline_ms)} on {thresholds.gpu}: this GPU is not "
-                    "running as it was calibrated (shared, throttled, or another model)")
-    return None
-
-
-# --------------------------------------------------------------------------------------------
 # The rule
 # --------------------------------------------------------------------------------------------
 
@@ -444,21 +267,6 @@ class SpeedVerdict:
     calibrated: bool = False
     roofline: dict[str, Any] = field(default_factory=dict)
     flags: list[tuple[str, str]] = field(default_factory=list)
-
-
-def distrust(part: Part, measurement: SpeedMeasurement, thresholds: Thresholds | None) -> list[tuple[str, str]]:
-    """Why the measurement cannot be trusted, as integrity flags ``(rule, message)``; empty when it can."""
-    flags = []
-    if measurement.tampered:
-        flags.append(("timer-tampering", "the timing primitives were replaced while the student's code ran: "
-                      + ", ".join(measurement.tampered[:8])))
-    if measurement.mismatches:
-        flags.append((REPLAY_MISMATCH, "the student's kernels, replayed by the grader's timer, did not compute the "
-                      "function: " + "; ".join(measurement.mismatches[:3])))
-    impossible = impossible_times(part, measurement, thresholds)
-    if impossible:
-        flags.append(("impossible-speed", "times faster than the GPU can physically go:\n  " + "\n  ".join(impossible)))
-    return flags
 
 
 def judge(part: Part, measurement: SpeedMeasurement, *, recheck: Verdict, thresholds: Thresholds | None,
