@@ -5,13 +5,12 @@ Authorization is checked on every route through :func:`_who` (who is asking) and
 this submission): a student sees only their own submissions, the instructor sees all; the roster and the class's
 results are the instructor's only. A request that changes state with the session cookie (not a token, which no
 browser sends by itself) must come from this site's own pages (:func:`_same_origin`), and a form that carries no file
-is read only up to :data:`FORM_MAX_BYTES`.
+is read only up to :data:`access.FORM_MAX_BYTES`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import hmac
 import shutil
 import tempfile
@@ -19,7 +18,6 @@ import threading
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlencode, urlsplit
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -30,20 +28,29 @@ from starlette.routing import Route
 
 from grader.checks.spec import Exercise
 from grader.grading.config import Course
-from grader.serve import audit, extensions, gradebook, intake, leaderboard, outcome, pages, queue, storage, tokens
+from grader.serve import (
+    access,
+    audit,
+    extensions,
+    gradebook,
+    intake,
+    leaderboard,
+    outcome,
+    pages,
+    queue,
+    storage,
+    tokens,
+)
 from grader.serve.backend import Backend
 from grader.serve.db import Database
 from grader.serve.policy import Policy
 from grader.serve.records import RUNNING, Principal, Submission
 from grader.serve.worker import Pool
 
-COOKIE = "grader_session"
 REPORT_FILES = {"report.html": "text/html; charset=utf-8", "report.md": "text/markdown; charset=utf-8",
                 "results.json": "application/json"}
 # A report is the grader's HTML around text a student wrote (escaped): it runs no script and loads nothing.
 REPORT_CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; frame-ancestors 'self'"
-FORM_MAX_BYTES = 8 << 10  # a login or a leaderboard choice: a token and a name
-SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 UPLOAD_MAX_BODY = intake.MAX_UPLOAD_BYTES + (1 << 20)  # the file's limit plus room for the multipart framing
 
 
@@ -66,63 +73,6 @@ class Service:
     class_lock: threading.Lock = field(default_factory=threading.Lock, init=False)  # one class report build at a time
     uploads_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
     uploading: set[str] = field(default_factory=set, init=False)  # students whose upload is being received now
-
-
-def _api(request: Request) -> bool:
-    return request.url.path.startswith("/api/") or "authorization" in request.headers
-
-
-def _who(request: Request, *, instructor: bool = False) -> Principal:
-    """The principal of the request (token or session), or a 401; with ``instructor``, a 403 for a student."""
-    service: Service = request.app.state.service
-    header = request.headers.get("authorization", "")
-    if header.lower().startswith("bearer "):
-        who = tokens.authenticate(service.db, header[7:].strip())
-    else:
-        who = tokens.session_principal(service.db, request.cookies.get(COOKIE, ""))
-        if who is not None and request.method not in SAFE_METHODS:
-            _same_origin(request)  # a browser sends the cookie with another site's form too
-    if who is None:
-        if header:  # a token that is not (or no longer) valid; an expired cookie is not worth an entry
-            audit.record(service.db, audit.ANONYMOUS, "login-failed", "", f"API token from {_client(request)}")
-        raise HTTPException(401, "log in with your token")
-    if instructor and not who.is_instructor:
-        raise HTTPException(403, "this page is the instructor's")
-    return who
-
-
-def _client(request: Request) -> str:
-    return request.client.host if request.client else "unknown address"
-
-
-def _same_origin(request: Request) -> None:
-    """A request posted with the session cookie must come from this site's own pages (the cookie is SameSite=Strict
-    too: this is the second lock, and SameSite lets a sibling subdomain's page through). Browsers send ``Origin`` with
-    every POST: one that is missing, ``null`` (a sandboxed frame, a redirect from another site) or another host's is
-    refused."""
-    origin = request.headers.get("origin")
-    if not origin or origin == "null" or urlsplit(origin).netloc != request.headers.get("host", ""):
-        raise HTTPException(403, "cross-site request refused: post from this site's own pages")
-
-
-async def _small_form(request: Request):
-    """A form without a file, read only once its declared size is known to be small (the form parser would read any
-    length into memory)."""
-    length = request.headers.get("content-length")
-    if length is None or not length.isdigit() or int(length) > FORM_MAX_BYTES:
-        raise HTTPException(413, f"a form of at most {FORM_MAX_BYTES} bytes, with a Content-Length, is expected")
-    return await request.form(max_files=0, max_fields=4)
-
-
-def _signed(service: Service, message: str) -> str:
-    """The query string that carries ``message`` to the next page, signed so that no other link can put words
-    there."""
-    message = message[:300]
-    return urlencode({"error": message, "sig": _signature(service, message)})
-
-
-def _signature(service: Service, message: str) -> str:
-    return hmac.new(f"grader-serve-message:{service.salt}".encode(), message.encode(), hashlib.sha256).hexdigest()
 
 
 def _visible(request: Request, who: Principal, submission_id: int) -> Submission:
@@ -164,36 +114,37 @@ def _device_html(service: Service) -> str:
 
 async def home(request: Request) -> Response:
     try:
-        who = _who(request)
+        who = access.who(request)
     except HTTPException:
         return HTMLResponse(pages.login())
     return RedirectResponse("/instructor" if who.is_instructor else "/me", status_code=303)
 
 
 async def login(request: Request) -> Response:
-    _same_origin(request)
+    access.same_origin(request)
     service: Service = request.app.state.service
-    form = await _small_form(request)
+    form = await access.small_form(request)
     token = str(form.get("token", ""))
     session = tokens.open_session(service.db, token)
     if session is None:
-        audit.record(service.db, audit.ANONYMOUS, "login-failed", "", f"web login from {_client(request)}")
+        audit.record(service.db, audit.ANONYMOUS, "login-failed", "",
+                     f"web login from {access.client_address(request)}")
         return HTMLResponse(pages.login("That token is not valid."), status_code=401)
     audit.record(service.db, audit.actor_of(tokens.authenticate(service.db, token)), "login", "",
-                 f"web login from {_client(request)}")
+                 f"web login from {access.client_address(request)}")
     response = RedirectResponse("/", status_code=303)
-    response.set_cookie(COOKIE, session, max_age=tokens.SESSION_S, httponly=True, samesite="strict",
+    response.set_cookie(access.COOKIE, session, max_age=tokens.SESSION_S, httponly=True, samesite="strict",
                         secure=request.url.scheme == "https")
     return response
 
 
 async def logout(request: Request) -> Response:
-    _same_origin(request)
-    session = request.cookies.get(COOKIE)
+    access.same_origin(request)
+    session = request.cookies.get(access.COOKIE)
     if session:
         tokens.close_session(request.app.state.service.db, session)
     response = RedirectResponse("/", status_code=303)
-    response.delete_cookie(COOKIE)
+    response.delete_cookie(access.COOKIE)
     return response
 
 
@@ -201,14 +152,14 @@ async def logout(request: Request) -> Response:
 
 
 async def me(request: Request) -> Response:
-    who = _who(request)
+    who = access.who(request)
     if who.is_instructor:
         return RedirectResponse("/instructor", status_code=303)
     service: Service = request.app.state.service
     student = next(s for s in tokens.students(service.db) if s.id == who.student)
     subs = _detailed(service, queue.of_student(service.db, student.id))
     error = request.query_params.get("error", "")
-    if not hmac.compare_digest(request.query_params.get("sig", ""), _signature(service, error)):
+    if not hmac.compare_digest(request.query_params.get("sig", ""), access.signature(service, error)):
         error = ""  # words in a link someone else made: not shown
     own = extensions.policy_for(service.db, service.policy, student.id)  # their deadlines, extensions applied
     return HTMLResponse(pages.student_home(who, student, subs, device_html=_device_html(service),
@@ -220,8 +171,8 @@ async def submit(request: Request) -> Response:
     """A new submission: the web form's (redirects to its page) or the API's (201 and JSON). Everything that can
     refuse it without its bytes is checked before the body is read: its declared size, the student's limits, the
     queue's room, and one upload in flight per student."""
-    who = _who(request)
-    api = _api(request)
+    who = access.who(request)
+    api = access.is_api(request)
     if who.is_instructor or who.student is None:
         raise HTTPException(403, "only students hand in submissions")
     service: Service = request.app.state.service
@@ -233,7 +184,7 @@ async def submit(request: Request) -> Response:
     except queue.Refused as exc:
         audit.record(service.db, audit.actor_of(who), "submit-refused", who.student, str(exc))
         if not api:
-            return RedirectResponse(f"/me?{_signed(service, str(exc))}", status_code=303)
+            return RedirectResponse(f"/me?{access.signed(service, str(exc))}", status_code=303)
         headers = {"Retry-After": str(exc.retry_after_s)} if exc.retry_after_s else None
         return JSONResponse({"error": str(exc)}, status_code=exc.status, headers=headers)
     audit.record(service.db, audit.actor_of(who), "submit", who.student,
@@ -289,12 +240,12 @@ async def _receive(request: Request, service: Service, student: str) -> intake.A
 
 
 async def set_leaderboard(request: Request) -> Response:
-    who = _who(request)
+    who = access.who(request)
     if who.student is None:
         raise HTTPException(403, "only students appear on the leaderboard")
     from grader.grading.batch.submission import display_name
 
-    form = await _small_form(request)
+    form = await access.small_form(request)
     service: Service = request.app.state.service
     with service.db.transaction() as conn:
         conn.execute("UPDATE students SET leaderboard = ?, display_name = COALESCE(?, display_name) WHERE id = ?",
@@ -303,7 +254,7 @@ async def set_leaderboard(request: Request) -> Response:
 
 
 async def submission_page(request: Request) -> Response:
-    who = _who(request)
+    who = access.who(request)
     sub = _visible(request, who, int(request.path_params["id"]))
     service: Service = request.app.state.service
     return HTMLResponse(pages.submission(who, sub, device_html=_device_html(service),
@@ -311,12 +262,12 @@ async def submission_page(request: Request) -> Response:
 
 
 async def submission_json(request: Request) -> Response:
-    who = _who(request)
+    who = access.who(request)
     return JSONResponse(_visible(request, who, int(request.path_params["id"])).to_dict())
 
 
 async def submissions_json(request: Request) -> Response:
-    who = _who(request)
+    who = access.who(request)
     service: Service = request.app.state.service
     if who.is_instructor:
         subs = [queue.get(service.db, r["id"]) for r in service.db.query("SELECT id FROM submissions ORDER BY id DESC")]
@@ -327,7 +278,7 @@ async def submissions_json(request: Request) -> Response:
 
 
 async def report_file(request: Request) -> Response:
-    who = _who(request)
+    who = access.who(request)
     name = request.path_params["name"]
     if name not in REPORT_FILES:
         raise HTTPException(404, "no such report")
@@ -342,11 +293,11 @@ async def report_file(request: Request) -> Response:
 
 
 async def leaderboard_page(request: Request) -> Response:
-    who = _who(request)
+    who = access.who(request)
     service: Service = request.app.state.service
     found = leaderboard.boards(service.db, viewer=who, salt=service.salt,
                                exercise=request.query_params.get("exercise"))
-    if _api(request):
+    if access.is_api(request):
         return JSONResponse({"speed_graded": service.on_gpu, "device": service.device,
                              "boards": [b.to_dict() for b in found]})
     return HTMLResponse(pages.leaderboard(who, found, on_gpu=service.on_gpu, device=service.device))
@@ -356,7 +307,7 @@ async def leaderboard_page(request: Request) -> Response:
 
 
 async def instructor_page(request: Request) -> Response:
-    who = _who(request, instructor=True)
+    who = access.who(request, instructor=True)
     service: Service = request.app.state.service
     recent = [queue.get(service.db, r["id"]) for r in service.db.query(
         "SELECT id FROM submissions ORDER BY id DESC LIMIT 50")]
@@ -378,28 +329,28 @@ def _class_file(service: Service, name: str) -> bytes:
 
 
 async def class_report(request: Request) -> Response:
-    _who(request, instructor=True)
+    access.who(request, instructor=True)
     audit.record(request.app.state.service.db, "instructor", "export", "class-report.html", "web")
     body = await run_in_threadpool(_class_file, request.app.state.service, "class-report.html")
     return Response(body, media_type="text/html; charset=utf-8", headers={"Content-Security-Policy": REPORT_CSP})
 
 
 async def grades_csv(request: Request) -> Response:
-    _who(request, instructor=True)
+    access.who(request, instructor=True)
     audit.record(request.app.state.service.db, "instructor", "export", "grades.csv", "web")
     body = await run_in_threadpool(_class_file, request.app.state.service, "grades.csv")
     return Response(body, media_type="text/csv; charset=utf-8")
 
 
 async def standings_json(request: Request) -> Response:
-    _who(request, instructor=True)
+    access.who(request, instructor=True)
     service: Service = request.app.state.service
     return JSONResponse({"students": [s.to_dict() for s in gradebook.standings(service.db, service.policy)],
                          "queue": queue.counts(service.db), "counts": service.policy.counts})
 
 
 async def roster(request: Request) -> Response:
-    who = _who(request, instructor=True)
+    who = access.who(request, instructor=True)
     service: Service = request.app.state.service
     if request.method == "POST":
         if not request.headers.get("content-type", "").startswith("application/json"):
@@ -420,7 +371,7 @@ async def health(request: Request) -> Response:
 
 async def http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
-    if _api(request):
+    if access.is_api(request):
         return JSONResponse({"error": exc.detail}, status_code=exc.status_code)
     if exc.status_code == 401:
         return HTMLResponse(pages.login(str(exc.detail)), status_code=401)
