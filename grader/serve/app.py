@@ -1,11 +1,9 @@
 """The ASGI app: the web pages (a session cookie after logging in with the token) and the JSON API (the token as
 ``Authorization: Bearer``), over one :class:`Service`.
 
-Authorization is checked on every route through :func:`_who` (who is asking) and :func:`_visible` (may they see
-this submission): a student sees only their own submissions, the instructor sees all; the roster and the class's
-results are the instructor's only. A request that changes state with the session cookie (not a token, which no
-browser sends by itself) must come from this site's own pages (:func:`_same_origin`), and a form that carries no file
-is read only up to :data:`access.FORM_MAX_BYTES`.
+Authorization is checked on every route through :func:`grader.serve.access.who` (who is asking, with the locks on
+the session cookie and on small forms) and :func:`_visible` (may they see this submission): a student sees only
+their own submissions, the instructor sees all; the roster and the class's results are the instructor's only.
 """
 
 from __future__ import annotations
