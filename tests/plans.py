@@ -16,5 +16,5 @@ def toy_plan(n: int = 1024, *, dtype: str = "float32", itemsize: int = 4) -> Lau
     x = View(0, 0, dtype, (n,), (1,))
     y = View(1, 0, dtype, (n,), (1,))
     launch = Step("launch", 0, 0, ((n + 1023) // 1024, 1, 1),
-                  (Arg("tensor", x), Arg("tensor", y), Arg("scalar", value=n), Arg("constexpr")))
+                  (Arg("tensor", x), Arg("tensor", y), Arg("scalar", value=n), Arg("constexpr", value=1024)))
     return LaunchPlan([kernel], [Buffer("input", nbytes, "x"), Buffer("output", nbytes, "y")], [launch], {"y": y})

@@ -265,3 +265,27 @@ def test_a_server_keeps_the_recording_for_the_next_upload_and_records_again_when
     kept.write_text("{not json")  # a damaged file is recorded again, not trusted
     (solutions / "gelu" / "gelu.py").write_text("# the reference\n")
     assert not upload(4).cached and len(recorded) == 3
+
+
+def test_the_reference_kernels_configs_are_recorded_beside_the_students_in_the_details():
+    from grader.grading.exercise_run import timer_process
+    from tests.plans import toy_plan
+
+    student, reference = toy_plan(), toy_plan()
+    assert credit_messages.launch_configs(student) == ["_toy_kernel: BLOCK=1024, num_warps=4"]
+    bench = PART.benchmarks[0].label
+    measurement = _measurement(0.09)
+    measurement.plans = {bench: student}
+    entry = timer_process.PartTiming(PART.name, measurement, 5.0, yardstick={bench: reference})
+    timer_process._jobs("gelu", [entry], complete=False)  # what the grader knows of the reference, per benchmark
+    assert measurement.reference_configs == {bench: ["_toy_kernel: BLOCK=1024, num_warps=4"]}
+    (row, *others) = _judge(measurement).rows
+    assert row.configs == row.reference_configs == ["_toy_kernel: BLOCK=1024, num_warps=4"]
+    assert all(r.reference_configs is None and r.configs is None for r in others)  # not recorded for those
+
+
+def test_a_constexpr_the_launch_passed_is_kept_in_the_plan():
+    from tests.plans import toy_plan
+
+    again = LaunchPlan.from_dict(toy_plan().to_dict())
+    assert again.steps[0].args[3].value == 1024

@@ -23,7 +23,7 @@ import torch
 from grader.checks.spec import Part
 from grader.checks.verdicts import Verdict
 from grader.speed import thresholds as thresholds_mod
-from grader.speed.credit_messages import SIDE_BY_SIDE, calibration_note, kernel_name, row_message
+from grader.speed.credit_messages import SIDE_BY_SIDE, calibration_note, kernel_name, launch_configs, row_message
 from grader.speed.measure import REFERENCE, STUDENT, BenchmarkTiming, SpeedMeasurement
 from grader.speed.plan import LaunchPlan
 from grader.speed.stats import RatioInterval
@@ -118,6 +118,10 @@ class BenchmarkCredit:
     rounds: int | None = None
     launches: list[str] | None = None  # the kernels one call of the student's launched, in order (the grader's)
     reference_launches: int | None = None  # the kernels one call of the reference solution launches
+    # each kernel the call launched with its constexprs, warps and stages (credit_messages.launch_configs): the
+    # student's, and the reference solution's where it was timed beside them (its autotuners' choices on this GPU)
+    configs: list[str] | None = None
+    reference_configs: list[str] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -227,6 +231,8 @@ def part_credit(part: Part, measurement: SpeedMeasurement, *, recheck: Verdict,
         if isinstance(plan, LaunchPlan):  # recorded in the worker: what the call launched, kernel by kernel
             row.launches = [kernel_name(plan, step.kernel) for step in plan.steps if step.op == "launch"]
             row.reference_launches = part.reference_launches
+            row.configs = launch_configs(plan)
+        row.reference_configs = measurement.reference_configs.get(bench.label)
         rows.append(row)
     scored = summarize(rows, roofline, measurement.gpu, thresholds, recheck)
     if curve is not None:

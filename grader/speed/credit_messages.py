@@ -4,6 +4,7 @@ speeds came from. Plain data in (:class:`grader.speed.credit.BenchmarkCredit` ro
 
 from __future__ import annotations
 
+import json
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -126,3 +127,41 @@ def calibration_note(gpu: str, rows: list[BenchmarkCredit], thresholds: Threshol
     missing = "" if thresholds is None else f" ({thresholds.where} has no entry for some benchmarks)"
     return (f"this GPU ({gpu}) is not calibrated{missing}: no {where}; required speeds are {basis}. "
             "Run `grader calibrate` on it to calibrate")
+
+
+MAX_CONFIGS = 8  # distinct launches listed per call
+
+
+def launch_configs(plan: LaunchPlan) -> list[str]:
+    """Each distinct kernel launch of ``plan`` with its config: ``_fwd_kernel: BLOCK_M=128, BLOCK_N=64, num_warps=8,
+    num_stages=3``. The constexprs are the launch's own (an autotuner's choice shows here); warps and stages come from
+    the compiled kernel's metadata. The plan may come from a student's process: only identifiers and numbers are
+    kept, each line at most 200 characters."""
+    seen: list[str] = []
+    for step in plan.steps:
+        if step.op != "launch" or not 0 <= step.kernel < len(plan.kernels):
+            continue
+        kernel = plan.kernels[step.kernel]
+        pieces = [f"{_word(name)}={_value(arg.value)}" for name, arg in zip(kernel.signature, step.args)
+                  if arg.kind == "constexpr" and _word(name)]
+        try:
+            meta = json.loads(kernel.metadata_json)
+        except ValueError:
+            meta = {}
+        for key in ("num_warps", "num_stages", "num_ctas"):
+            if isinstance(meta, dict) and isinstance(meta.get(key), int) and not (key == "num_ctas" and meta[key] == 1):
+                pieces.append(f"{key}={meta[key]}")
+        line = f"{kernel_name(plan, step.kernel)}: {', '.join(pieces) or 'no constexprs'}"[:200]
+        if line not in seen:
+            seen.append(line)
+    return seen[:MAX_CONFIGS]
+
+
+def _word(name: str) -> str:
+    return "".join(c for c in str(name) if c.isalnum() or c == "_")[:40]
+
+
+def _value(value: object) -> str:
+    if isinstance(value, bool | int | float) or value is None:
+        return str(value)[:20]
+    return _word(str(value)) or "?"

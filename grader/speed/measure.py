@@ -89,6 +89,8 @@ class SpeedMeasurement:
     # evidence of a cached or replayed result (a wrong recheck without it is a wrong result, not a flag).
     recheck_repeats: bool = False
     timer_fault: str | None = None  # the trusted timer failed on the grader's side (speed needs a regrade)
+    # label -> the reference solution's kernels and their configs, as the yardstick's recording launched them
+    reference_configs: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def error(self) -> str | None:

@@ -137,7 +137,7 @@ class Arg:
         data: dict[str, Any] = {"kind": self.kind}
         if self.view is not None:
             data["view"] = self.view.to_dict()
-        if self.kind == "scalar":
+        if self.kind in ("scalar", "constexpr") and self.value is not None:
             data["value"] = self.value
         if self.kind == "descriptor":
             data.update(shape=list(self.shape), strides=list(self.strides), block_shape=list(self.block_shape),

@@ -122,8 +122,8 @@ class _Recording:
         self.plan.steps.append(Step("launch", self.stream(stream), kernel, tuple(dims), plan_args))
 
     def arg(self, value: Any, ty: str, kernel: str, name: str) -> Arg:
-        if ty == "constexpr":
-            return Arg("constexpr")
+        if ty == "constexpr":  # compiled in; its value kept for the reports (an autotuner's choice shows there)
+            return Arg("constexpr", value=value if isinstance(value, bool | int | float) else None)
         if ty.startswith("*"):
             if not isinstance(value, torch.Tensor):
                 raise NotReplayable(f"{kernel}'s pointer argument {name} is a {type(value).__name__}, not a tensor")

@@ -35,6 +35,7 @@ from grader.grading.config import RunSettings
 from grader.grading.exercise_run import workers
 from grader.grading.isolation import bwrap, bytecode, processes
 from grader.grading.isolation.gpu_arbiter import GpuArbiter
+from grader.speed.credit_messages import launch_configs
 from grader.speed.measure import BenchmarkTiming, SpeedMeasurement
 from grader.speed.plan import LaunchPlan
 from grader.speed.timer import CPU, GO, PREPARED, PROGRESS, TimerJob, TimerResult, job_result
@@ -128,6 +129,7 @@ def _jobs(exercise: str, parts: list[PartTiming], *, complete: bool) -> list[tup
         if complete:
             m.timer_fault = None
         plans = {label: p for label, p in m.plans.items() if isinstance(p, LaunchPlan)}
+        m.reference_configs = {label: launch_configs(p) for label, p in entry.yardstick.items() if label in plans}
         if plans:
             jobs.append((entry, TimerJob(exercise, entry.part, entry.budget_s, plans,
                                          yardstick={k: v for k, v in entry.yardstick.items() if k in plans},
