@@ -110,23 +110,7 @@ def _known_grading_key(key: str) -> bool:
 
 def load_course(path: str | Path | None = None, *, known: tuple[str, ...] | None = None) -> Course:
     """The course: the bundled ``course.toml`` with ``path`` laid over it, checked."""
-    data = _read(COURSE_FILE)
-    source = str(COURSE_FILE)
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise CourseError(f"{path}: no such course file")
-        overlay = _read(path)
-        # [serve] is grader serve's (grader.serve.policy reads and checks it); the engine grades without it
-        unknown_tables = sorted(set(overlay) - {"course", "weights", "grading", "slurm", "speed_curve", "serve"})
-        if unknown_tables:
-            raise CourseError(f"{path}: unknown table(s) {', '.join(unknown_tables)} "
-                              "(known: course, weights, grading, slurm, speed_curve, serve)")
-        for table, values in overlay.items():
-            if not isinstance(values, dict):
-                raise CourseError(f"{path}: [{table}] must be a table")
-            data[table] = {**data.get(table, {}), **values}
-        source = str(path)
+    data, source = _laid_over(path)
     course_table, weights, grading = data.get("course", {}), data.get("weights", {}), data.get("grading", {})
     unknown = sorted(k for k in grading if not _known_grading_key(k))
     if unknown:
@@ -142,15 +126,49 @@ def load_course(path: str | Path | None = None, *, known: tuple[str, ...] | None
             slurm=_slurm_table(data.get("slurm", {}), source),
             speed_curves=_speed_curves(data.get("speed_curve", {}), source),
         )
-        for key in PER_DEVICE:
-            for device in DEVICES:
-                value = course.setting(key, device)
-                if value < 0 or (value == 0 and key not in ("random_cases", "jobs")):  # jobs 0: chosen per GPU
-                    raise CourseError(f"{source}: [grading] {key} must be positive, not {value}")
+        _check_settings(course)
+    except CourseError:
+        raise
     except (TypeError, ValueError) as exc:
-        if isinstance(exc, CourseError):
-            raise
         raise CourseError(f"{source}: {exc}") from None
+    if known is not None:
+        unknown = sorted(set(course.weights) - set(known))
+        if unknown:  # a typo, or an exercise not written yet: say so, but grade the rest
+            print(f"grader: warning: {source}: [weights] names unknown exercise(s) {', '.join(unknown)} "
+                  f"(known: {', '.join(known)})", file=sys.stderr)
+    return course
+
+
+COURSE_TABLES = ("course", "weights", "grading", "slurm", "speed_curve", "serve")  # [serve]: grader.serve.policy's
+
+
+def _laid_over(path: str | Path | None) -> tuple[dict[str, Any], str]:
+    """The bundled course file's tables with those of ``path`` laid over them, and where they came from."""
+    data = _read(COURSE_FILE)
+    if path is None:
+        return data, str(COURSE_FILE)
+    path = Path(path)
+    if not path.is_file():
+        raise CourseError(f"{path}: no such course file")
+    overlay = _read(path)
+    unknown_tables = sorted(set(overlay) - set(COURSE_TABLES))
+    if unknown_tables:
+        raise CourseError(f"{path}: unknown table(s) {', '.join(unknown_tables)} (known: {', '.join(COURSE_TABLES)})")
+    for table, values in overlay.items():
+        if not isinstance(values, dict):
+            raise CourseError(f"{path}: [{table}] must be a table")
+        data[table] = {**data.get(table, {}), **values}
+    return data, str(path)
+
+
+def _check_settings(course: Course) -> None:
+    """Every number of the course in its range, and the correctness mode one the grader knows."""
+    source = course.source
+    for key in PER_DEVICE:
+        for device in DEVICES:
+            value = course.setting(key, device)
+            if value < 0 or (value == 0 and key not in ("random_cases", "jobs")):  # jobs 0: chosen per GPU
+                raise CourseError(f"{source}: [grading] {key} must be positive, not {value}")
     if course.total <= 0:
         raise CourseError(f"{source}: [course] total must be positive, not {course.total}")
     if any(w < 0 for w in course.weights.values()):
@@ -158,12 +176,6 @@ def load_course(path: str | Path | None = None, *, known: tuple[str, ...] | None
     if course.correctness not in CORRECTNESS_MODES:
         raise CourseError(f"{source}: [grading] correctness must be one of {', '.join(CORRECTNESS_MODES)}, "
                           f"not {course.correctness!r}")
-    if known is not None:
-        unknown = sorted(set(course.weights) - set(known))
-        if unknown:  # a typo, or an exercise not written yet: say so, but grade the rest
-            print(f"grader: warning: {source}: [weights] names unknown exercise(s) {', '.join(unknown)} "
-                  f"(known: {', '.join(known)})", file=sys.stderr)
-    return course
 
 
 SLURM_KEYS = {"partition": str, "gres": str, "time_limit": str, "max_parallel": int, "cpus_per_task": int,
