@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from grader.checks.spec import Exercise, Part
+from grader.checks.spec import Exercise, ExtraCheck, Part
 from grader.checks.text import plural
 from grader.grading.config import Course
 from grader.grading.results.results import GRADED, NEEDS_REGRADE, PASSED, ExerciseResult, PartResult, SpeedResult
@@ -123,84 +123,91 @@ def score_part(exercise: Exercise, spec: Part, part: PartResult, factor: float, 
                measurable: bool = False) -> list[Line]:
     """The correctness, extra-check and speed lines of one part, in course points; on a device that measures
     speed (``measurable``) the speed line is there even where the student's code was not measured (0)."""
-    title = f"{exercise.name} / {spec.name}"
-    regrade = part.status == NEEDS_REGRADE
+    lines = [_correctness_line(exercise, spec, part, factor, course)]
+    lines += [_extra_line(exercise, spec, part, factor, extra) for extra in spec.extra_checks]
+    speed = part.speed
+    # no speed line where the device cannot measure it (a CPU); the reports say why
+    if spec.speed_graded and (measurable or speed.fraction is not None or speed.status == NEEDS_REGRADE
+                              or part.status == NEEDS_REGRADE):
+        lines.append(_speed_line(exercise, spec, part, factor))
+    return lines
+
+
+def _flag_text(flags: list[dict]) -> str:
+    return "\n".join(f"[{f['rule']}] {f['message']}" for f in flags)
+
+
+def _correctness_line(exercise: Exercise, spec: Part, part: PartResult, factor: float, course: Course) -> Line:
+    title, max_c = f"{exercise.name} / {spec.name}", spec.points * factor
+    if part.status == NEEDS_REGRADE:
+        return Line(exercise.name, spec.name, "correctness", f"{title}: correctness", 0.0, max_c, LINE_REGRADE,
+                    part.message)
     graded = part.status == GRADED
     flagged = bool(part.part_flags) and graded
-    flag_text = "\n".join(f"[{f['rule']}] {f['message']}" for f in part.part_flags)
-    speed_flag_text = "\n".join(f"[{f['rule']}] {f['message']}" for f in part.flags)
-    lines = []
-
-    # correctness
-    max_c = spec.points * factor
     n, total = part.passed_cases, len(part.correctness)
-    if regrade:
-        lines.append(Line(exercise.name, spec.name, "correctness", f"{title}: correctness", 0.0, max_c,
-                          LINE_REGRADE, part.message))
+    fraction = _correctness_fraction(part, course.correctness) if graded and not flagged else 0.0
+    if not graded:
+        output = part.message
+    elif flagged:
+        output = f"zeroed by an integrity flag:\n{_flag_text(part.part_flags)}"
     else:
-        fraction = _correctness_fraction(part, course.correctness) if graded and not flagged else 0.0
-        if not graded:
-            output = part.message
-        elif flagged:
-            output = f"zeroed by an integrity flag:\n{flag_text}"
-        else:
-            output = f"{n} of {plural(total, 'check')} passed"
-            failure = part.first_failure()
-            if failure:
-                output += f"\nsmallest failing check ({failure.label}):\n{failure.message}"
-            hint = part.layout_hint()
-            if hint:
-                output += f"\nhint, from all {total} checks: {hint}"
-            common = part.common_hint()
-            if common:
-                output += f"\nhint, from {common[1]} of {common[2]} failing checks: {common[0]}"
-            if failure:
-                output += "\nevery check:" + "".join(
-                    f"\n  {kind}: " + "; ".join(f"{'passed' if c.passed else 'FAILED'} {c.label}"
-                                                + ("" if c.passed else f" ({c.reason})") for c in checks)
-                    for kind, checks in part.checks_by_kind())
-        counts = f" ({n}/{total} checks)" if graded else ""
-        lines.append(Line(exercise.name, spec.name, "correctness", f"{title}: correctness{counts}",
-                          max_c * fraction, max_c, _status(graded and not flagged and fraction == 1.0), output))
+        output = _correctness_output(part, n, total)
+    counts = f" ({n}/{total} checks)" if graded else ""
+    return Line(exercise.name, spec.name, "correctness", f"{title}: correctness{counts}", max_c * fraction, max_c,
+                _status(graded and not flagged and fraction == 1.0), output)
 
-    # extra checks
-    for extra in spec.extra_checks:
-        max_x = extra.points * factor
-        name = f"{title}: {extra.name}"
-        if regrade:
-            lines.append(Line(exercise.name, spec.name, extra.name, name, 0.0, max_x, LINE_REGRADE, part.message))
-            continue
-        check = next((c for c in part.checks if c.role == extra.name), None)
-        ok = graded and not flagged and check is not None and check.status == PASSED
-        if not graded:
-            output = part.message
-        elif flagged:
-            output = f"zeroed by an integrity flag:\n{flag_text}"
-        elif check is None:
-            output = f"{extra.description}: not run"
-        else:
-            output = f"{extra.description}: " + ("ok" if ok else check.message)
-        lines.append(Line(exercise.name, spec.name, extra.name, name, max_x if ok else 0.0, max_x, _status(ok),
-                          output))
 
-    # speed: no line where the device cannot measure it (a CPU); the reports say why
+def _correctness_output(part: PartResult, n: int, total: int) -> str:
+    """How many checks passed, the smallest failing one, the hints the failures share, and every check."""
+    output = f"{n} of {plural(total, 'check')} passed"
+    failure = part.first_failure()
+    if failure:
+        output += f"\nsmallest failing check ({failure.label}):\n{failure.message}"
+    hint = part.layout_hint()
+    if hint:
+        output += f"\nhint, from all {total} checks: {hint}"
+    common = part.common_hint()
+    if common:
+        output += f"\nhint, from {common[1]} of {common[2]} failing checks: {common[0]}"
+    if failure:
+        output += "\nevery check:" + "".join(
+            f"\n  {kind}: " + "; ".join(f"{'passed' if c.passed else 'FAILED'} {c.label}"
+                                        + ("" if c.passed else f" ({c.reason})") for c in checks)
+            for kind, checks in part.checks_by_kind())
+    return output
+
+
+def _extra_line(exercise: Exercise, spec: Part, part: PartResult, factor: float, extra: ExtraCheck) -> Line:
+    max_x, name = extra.points * factor, f"{exercise.name} / {spec.name}: {extra.name}"
+    if part.status == NEEDS_REGRADE:
+        return Line(exercise.name, spec.name, extra.name, name, 0.0, max_x, LINE_REGRADE, part.message)
+    graded = part.status == GRADED
+    flagged = bool(part.part_flags) and graded
+    check = next((c for c in part.checks if c.role == extra.name), None)
+    ok = graded and not flagged and check is not None and check.status == PASSED
+    if not graded:
+        output = part.message
+    elif flagged:
+        output = f"zeroed by an integrity flag:\n{_flag_text(part.part_flags)}"
+    elif check is None:
+        output = f"{extra.description}: not run"
+    else:
+        output = f"{extra.description}: " + ("ok" if ok else check.message)
+    return Line(exercise.name, spec.name, extra.name, name, max_x if ok else 0.0, max_x, _status(ok), output)
+
+
+def _speed_line(exercise: Exercise, spec: Part, part: PartResult, factor: float) -> Line:
     speed: SpeedResult = part.speed
-    if spec.speed_graded and (measurable or speed.fraction is not None or speed.status == NEEDS_REGRADE
-                              or regrade):
-        max_s = spec.speed_points * factor
-        name = f"{title}: speed"
-        if regrade or speed.status == NEEDS_REGRADE:
-            lines.append(Line(exercise.name, spec.name, "speed", name, 0.0, max_s, LINE_REGRADE,
-                              speed.message or part.message))
-        else:
-            speed_flagged = bool(part.flags) and graded
-            got = 0.0 if speed_flagged or not graded else max_s * float(speed.fraction or 0.0)
-            output = speed.message
-            if speed_flagged:
-                output = f"zeroed by an integrity flag:\n{speed_flag_text}\n{output}"
-            lines.append(Line(exercise.name, spec.name, "speed", name, got, max_s, _status(got >= max_s - 1e-9),
-                              output))
-    return lines
+    max_s, name = spec.speed_points * factor, f"{exercise.name} / {spec.name}: speed"
+    if part.status == NEEDS_REGRADE or speed.status == NEEDS_REGRADE:
+        return Line(exercise.name, spec.name, "speed", name, 0.0, max_s, LINE_REGRADE, speed.message or part.message)
+    graded = part.status == GRADED
+    speed_flagged = bool(part.flags) and graded
+    got = 0.0 if speed_flagged or not graded else max_s * float(speed.fraction or 0.0)
+    output = speed.message
+    if speed_flagged:
+        output = f"zeroed by an integrity flag:\n{_flag_text(part.flags)}\n{output}"
+    return Line(exercise.name, spec.name, "speed", name, got, max_s, _status(got >= max_s - 1e-9), output)
 
 
 def score_exercise(exercise: Exercise, result: ExerciseResult, course: Course,
