@@ -21,6 +21,7 @@ never sent. Seeds and secrets never leave the grader: the worker receives inputs
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from grader.checks import cases as cases_mod
@@ -66,28 +67,10 @@ def plan_part(exercise: Exercise, part: Part, *, device: str, secret: str, rando
                 items.append(Item(_id(part, kind, example.label), part, kind, "example", example.label, case,
                                   full=True, skip_reason=part.skip(case, device)))
         elif kind == "random":
-            if random_cases > 0:
-                # Hypothesis generates the minimal example (smallest shape, seed 0) first whatever the seed:
-                # draw one more and drop it, and give every case secret values.
-                shapes_seed = cases_mod.mixed_seed(cases_seed or secret, exercise.name, _drawn_as(exercise, part),
-                                                   "random")
-                with _DRAW_LOCK:
-                    drawn = cases_mod.draw(part, device, random_cases + 1, shapes_seed)
-                drawn = [c.with_seed(mix("random", i)) for i, c in enumerate(drawn[1:] or drawn)]
-                for i, case in enumerate(drawn[:random_cases]):
-                    items.append(Item(_id(part, kind, str(i)), part, kind, "random", case.label, case, full=True))
+            items += _random_items(exercise, part, device=device, count=random_cases, seed=cases_seed or secret,
+                                   mix=mix)
         elif kind == "integrity":
-            runnable = []
-            for i, example in enumerate(part.integrity_examples):
-                case = example.with_seed(mix("integrity", i))
-                reason = part.skip(case, device)
-                items.append(Item(_id(part, kind, str(i)), part, kind, "integrity", example.label, case, full=True,
-                                  skip_reason=reason))
-                if reason is None:
-                    runnable.append(case)
-            if runnable:
-                fresh = runnable[0].with_seed(mix("fresh"))
-                items.append(Item(_id(part, kind, "fresh"), part, kind, "fresh", fresh.label, fresh))
+            items += _integrity_items(part, device=device, mix=mix)
         elif kind == "bad_input":
             for i, bad in enumerate(part.bad_inputs):
                 items.append(Item(_id(part, kind, bad.label), part, kind, "bad_input", bad.label, index=i))
@@ -97,6 +80,36 @@ def plan_part(exercise: Exercise, part: Part, *, device: str, secret: str, rando
                                   recheck=recheck_case(part, mix("speed"))))
         else:
             items.append(Item(_id(part, kind), part, kind, kind, kind))
+    return items
+
+
+def _random_items(exercise: Exercise, part: Part, *, device: str, count: int, seed: str,
+                  mix: Callable[..., int]) -> list[Item]:
+    if count <= 0:
+        return []
+    # Hypothesis generates the minimal example (smallest shape, seed 0) first whatever the seed: draw one more
+    # and drop it, and give every case secret values.
+    shapes_seed = cases_mod.mixed_seed(seed, exercise.name, _drawn_as(exercise, part), "random")
+    with _DRAW_LOCK:
+        drawn = cases_mod.draw(part, device, count + 1, shapes_seed)
+    drawn = [c.with_seed(mix("random", i)) for i, c in enumerate(drawn[1:] or drawn)]
+    return [Item(_id(part, "random", str(i)), part, "random", "random", case.label, case, full=True)
+            for i, case in enumerate(drawn[:count])]
+
+
+def _integrity_items(part: Part, *, device: str, mix: Callable[..., int]) -> list[Item]:
+    """The integrity examples, then one fresh case drawn like the first that can run here."""
+    items, runnable = [], []
+    for i, example in enumerate(part.integrity_examples):
+        case = example.with_seed(mix("integrity", i))
+        reason = part.skip(case, device)
+        items.append(Item(_id(part, "integrity", str(i)), part, "integrity", "integrity", example.label, case,
+                          full=True, skip_reason=reason))
+        if reason is None:
+            runnable.append(case)
+    if runnable:
+        fresh = runnable[0].with_seed(mix("fresh"))
+        items.append(Item(_id(part, "integrity", "fresh"), part, "integrity", "fresh", fresh.label, fresh))
     return items
 
 
