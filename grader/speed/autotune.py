@@ -39,6 +39,7 @@ import types
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from grader.checks import gpu_gate
 
@@ -113,62 +114,74 @@ def install(default: str = FIRST) -> bool:
     run, bench = getattr(Autotuner, "run", None), getattr(Autotuner, "_bench", None)
     if run is None or bench is None:
         return False
-
-    def patched_run(self, *args, **kwargs):
-        current = _mode()
-        if current == TUNE:  # timing candidates takes the GPU alone (patched_bench), until the choice is made
-            with contextlib.ExitStack() as alone, _choices_shared(self):
-                _state.alone = alone
-                try:
-                    return run(self, *args, **kwargs)
-                finally:
-                    _state.alone = None
-        cache = getattr(self, "cache", None)
-        before = set(cache) if isinstance(cache, dict) else set()
-        saved = getattr(self, "cache_results", False)
-        self.cache_results = False  # an untimed choice never reaches the on-disk autotune cache
-        self._grader_found = False
-        try:
-            with _candidates_seen(self) if current == COMPILE else contextlib.nullcontext():
-                return run(self, *args, **kwargs)
-        finally:
-            self.cache_results = saved
-            if isinstance(cache, dict):
-                _untimed.setdefault(self, set()).update(set(cache) - before)
-
-    def patched_bench(self, *args, config, **meta):
-        current = _mode()
-        if current == TUNE and getattr(self, "_grader_shared", None) is not None:
-            return _CHOSEN  # the one candidate left is another worker's timed choice: nothing to time
-        if current == TUNE:
-            turn = getattr(_state, "turn", None)
-            if turn is not None:
-                if not _state.turn_taken:
-                    turn.enter_context(gpu_gate.current().alone())
-                    _state.turn_taken = True
-            else:
-                alone = getattr(_state, "alone", None)
-                if alone is not None:
-                    alone.enter_context(gpu_gate.current().alone())
-                    _state.alone = None  # once per choice
-            return _timed_side_by_side(self, bench, args, config, meta)
-        if current == FIRST and getattr(self, "_grader_found", False):
-            return _FAILED  # a runnable config was found: the others are neither built nor run
-        if current == COMPILE:
-            candidates, self._grader_candidates = getattr(self, "_grader_candidates", None), None
-            if candidates:  # the first candidate of the choice: compile them all now, at once
-                _compile_ahead(self, args, meta, candidates)
-        with _benchmarker(self, _run_once):
-            result = bench(self, *args, config=config, **meta)
-        if result == _FAILED:
-            return result
-        self._grader_found = True
-        return _CHOSEN
-
-    Autotuner.run = patched_run
-    Autotuner._bench = patched_bench
+    _original.update(run=run, bench=bench)
+    Autotuner.run = _patched_run
+    Autotuner._bench = _patched_bench
     _installed = True
     return True
+
+
+_original: dict[str, Any] = {}  # Triton's own Autotuner.run and Autotuner._bench, which the patches call
+
+
+def _patched_run(self, *args, **kwargs):
+    run = _original["run"]
+    current = _mode()
+    if current == TUNE:  # timing candidates takes the GPU alone (_patched_bench), until the choice is made
+        with contextlib.ExitStack() as alone, _choices_shared(self):
+            _state.alone = alone
+            try:
+                return run(self, *args, **kwargs)
+            finally:
+                _state.alone = None
+    cache = getattr(self, "cache", None)
+    before = set(cache) if isinstance(cache, dict) else set()
+    saved = getattr(self, "cache_results", False)
+    self.cache_results = False  # an untimed choice never reaches the on-disk autotune cache
+    self._grader_found = False
+    try:
+        with _candidates_seen(self) if current == COMPILE else contextlib.nullcontext():
+            return run(self, *args, **kwargs)
+    finally:
+        self.cache_results = saved
+        if isinstance(cache, dict):
+            _untimed.setdefault(self, set()).update(set(cache) - before)
+
+
+def _patched_bench(self, *args, config, **meta):
+    bench = _original["bench"]
+    current = _mode()
+    if current == TUNE and getattr(self, "_grader_shared", None) is not None:
+        return _CHOSEN  # the one candidate left is another worker's timed choice: nothing to time
+    if current == TUNE:
+        _hold_the_gpu_alone()
+        return _timed_side_by_side(self, bench, args, config, meta)
+    if current == FIRST and getattr(self, "_grader_found", False):
+        return _FAILED  # a runnable config was found: the others are neither built nor run
+    if current == COMPILE:
+        candidates, self._grader_candidates = getattr(self, "_grader_candidates", None), None
+        if candidates:  # the first candidate of the choice: compile them all now, at once
+            _compile_ahead(self, args, meta, candidates)
+    with _benchmarker(self, _run_once):
+        result = bench(self, *args, config=config, **meta)
+    if result == _FAILED:
+        return result
+    self._grader_found = True
+    return _CHOSEN
+
+
+def _hold_the_gpu_alone() -> None:
+    """Timing a choice's candidates holds the GPU alone: once per turn where one is open, else once per choice."""
+    turn = getattr(_state, "turn", None)
+    if turn is not None:
+        if not _state.turn_taken:
+            turn.enter_context(gpu_gate.current().alone())
+            _state.turn_taken = True
+        return
+    alone = getattr(_state, "alone", None)
+    if alone is not None:
+        alone.enter_context(gpu_gate.current().alone())
+        _state.alone = None  # once per choice
 
 
 @contextlib.contextmanager
