@@ -270,14 +270,18 @@ def write_plot(results: list[tuple[dict[str, Any], list[dict[str, Any]]]], path:
     return path
 
 
-def run(args: argparse.Namespace) -> int:
-    mode = runtime.configure()
+class _Refused(ValueError):
+    """A command line ``grader bench`` cannot run: the message says why."""
+
+
+def _what_to_time(args: argparse.Namespace):
+    """The exercise, its parts, the benchmarks chosen per part, the baselines and the rounds the command line asks
+    for (a leaderboard case names its own); :class:`_Refused` where they are not there."""
     rounds = args.rounds
     try:
         exercise = exercises.get(args.exercise)
         baselines = [b.strip() for b in args.baselines.split(",") if b.strip()] if args.baselines else None
-        labels = args.benchmark
-        part_name = args.part
+        labels, part_name = args.benchmark, args.part
         if args.leaderboard:
             board = LEADERBOARDS.get(exercise.name)
             if board is None:
@@ -288,16 +292,22 @@ def run(args: argparse.Namespace) -> int:
         parts = _parts(exercise, part_name)
         chosen = {p.name: _benchmarks(p, labels) for p in parts if p.benchmarks}
     except KeyError as exc:
-        print(f"grader bench: {exc.args[0]}", file=sys.stderr)
-        return 2
+        raise _Refused(exc.args[0]) from None
     if not chosen:
-        print(f"grader bench: {exercise.name} declares no benchmarks", file=sys.stderr)
-        return 2
+        raise _Refused(f"{exercise.name} declares no benchmarks")
     if args.plot and Path(args.plot).suffix not in PLOT_SUFFIXES:
-        print(f"grader bench: --plot {args.plot}: the file must end in .svg or .html", file=sys.stderr)
-        return 2
+        raise _Refused(f"--plot {args.plot}: the file must end in .svg or .html")
     if (rounds or 1) < 1:
-        print("grader bench: --rounds must be at least 1", file=sys.stderr)
+        raise _Refused("--rounds must be at least 1")
+    return exercise, parts, chosen, baselines, rounds
+
+
+def run(args: argparse.Namespace) -> int:
+    mode = runtime.configure()
+    try:
+        exercise, parts, chosen, baselines, rounds = _what_to_time(args)
+    except _Refused as exc:
+        print(f"grader bench: {exc}", file=sys.stderr)
         return 2
     if not mode.is_cuda:
         print("grader bench: needs a CUDA GPU — here kernels run in the Triton interpreter, whose speed says "
