@@ -194,16 +194,6 @@ def measure(
         raise ValueError(f"candidate names must be unique: {names}")
     result = Measurement({c.name: [] for c in candidates}, "events", "")
 
-    def checked(candidate: Candidate, output: Any, index: int) -> bool:
-        if candidate.check is None:
-            return True
-        problem = candidate.check(output, index)
-        if problem:
-            result.problems.append(problem)
-            result.stop = "problem"
-            return False
-        return True
-
     # 1. Warm-up: every input set once (compiles, and lets checks see each set's result), then a
     #    few timed calls per candidate to estimate its duration and its launch time, then warm-up until
     #    warmup_ms.
@@ -214,8 +204,42 @@ def measure(
             _setup(candidate)
             output = _call(candidate, inputs)
             clock.sync()
-            if not checked(candidate, output, index):
+            if not _checked(result, candidate, output, index):
                 return result
+    estimates, holds = _estimate(candidates, sources, clock, warmup_ms, result)
+
+    # 2. Mode: graphs when launch overhead would dominate the fastest candidate.
+    runners: dict[str, Callable[[int], Any]] = {}
+    if graph_below_ms is not None and min(estimates.values()) < graph_below_ms:
+        runners = _capture_all(candidates, sources, clock)
+        if runners:
+            result.mode = "graph"
+        else:
+            result.notes.append("CUDA graph capture failed for a candidate: timed with events instead")
+    if not runners:
+        for candidate in candidates:
+            runners[candidate.name] = _event_runner(candidate, sources)
+    result.warmup_s = clock.wall() - warmup_start
+    _rounds(candidates, sources, clock, rule, runners, holds, result)
+    return result
+
+
+def _checked(result: Measurement, candidate: Candidate, output: Any, index: int) -> bool:
+    """Run the candidate's check on ``output`` (untimed); a problem ends the measurement."""
+    if candidate.check is None:
+        return True
+    problem = candidate.check(output, index)
+    if problem:
+        result.problems.append(problem)
+        result.stop = "problem"
+        return False
+    return True
+
+
+def _estimate(candidates: Sequence[Candidate], sources: Sequence[Mapping[str, Any]], clock: Clock, warmup_ms: float,
+              result: Measurement) -> tuple[dict[str, float], dict[str, float]]:
+    """Each candidate's time (a few held, timed calls) and how long to hold the GPU before each of its calls, then
+    its warm-up calls until ``warmup_ms``."""
     estimates, holds = {}, {}
     for candidate in candidates:
         times, launches = [], []
@@ -245,21 +269,12 @@ def measure(
             _setup(candidate)
             _call(candidate, inputs)
         clock.sync()
+    return estimates, holds
 
-    # 2. Mode: graphs when launch overhead would dominate the fastest candidate.
-    runners: dict[str, Callable[[int], Any]] = {}
-    if graph_below_ms is not None and min(estimates.values()) < graph_below_ms:
-        runners = _capture_all(candidates, sources, clock)
-        if runners:
-            result.mode = "graph"
-        else:
-            result.notes.append("CUDA graph capture failed for a candidate: timed with events instead")
-    if not runners:
-        for candidate in candidates:
-            runners[candidate.name] = _event_runner(candidate, sources)
-    result.warmup_s = clock.wall() - warmup_start
 
-    # 3. Rounds, with the stopping rule after each.
+def _rounds(candidates: Sequence[Candidate], sources: Sequence[Mapping[str, Any]], clock: Clock, rule: StopRule,
+            runners: dict[str, Callable[[int], Any]], holds: dict[str, float], result: Measurement) -> None:
+    """3. Rounds, each candidate once per round in a rotating order, with the stopping rule after each."""
     started = clock.wall()
     round_index = 0
     while True:
@@ -279,15 +294,15 @@ def measure(
         for candidate, start, end, _ in pending:
             result.samples[candidate.name].append(clock.elapsed_ms(start, end))
         for candidate, _, _, output in pending:
-            if not checked(candidate, output, index):
-                return result
+            if not _checked(result, candidate, output, index):
+                return
         del pending
         round_index += 1
         reason = rule.check(result.samples, clock.wall() - started) if _should_check(round_index) else None
         if reason:
             result.stop = reason
             result.timed_s = clock.wall() - started
-            return result
+            return
 
 
 def _should_check(rounds: int) -> bool:
