@@ -105,14 +105,17 @@ def test_the_batchs_cpu_line_gives_the_wall_time_per_second_of_it():
 
 def test_the_cpu_of_a_request_that_ends_its_worker_is_counted(tmp_path):
     """A call that burns 2.5 s and then ends the worker (as a crash or the worker's own watchdog does): charged as
-    the request cut short, as last read (the memory watch reads it at least once a second)."""
+    the request cut short, as last read (the memory watch reads it at least once a second). One example's call
+    does it; the others pass."""
     submission = tmp_path / "dies"
     shutil.copytree(REPO / "solutions" / "gelu", submission / "gelu")
     module = submission / "gelu" / "gelu.py"
     module.write_text(module.read_text().replace(
         "def gelu(x: torch.Tensor) -> torch.Tensor:\n",
-        "def gelu(x: torch.Tensor) -> torch.Tensor:\n    import os, time\n    end = time.process_time() + 2.5\n"
-        "    while time.process_time() < end:\n        pass\n    os._exit(3)\n", 1))
+        "def gelu(x: torch.Tensor) -> torch.Tensor:\n    import os, time\n"
+        "    if x.numel() == 1021:  # one example's call (the others pass)\n"
+        "        end = time.process_time() + 2.5\n"
+        "        while time.process_time() < end:\n            pass\n        os._exit(3)\n", 1))
     options = config.GradeOptions(exercises=("gelu",), jobs=1, timeout_s=120.0, call_timeout_s=10.0, random_cases=0,
                                   secret="test-secret", **sandbox_options())
     grade_cmd.grade([str(submission)], out=tmp_path / "out", options=options)
