@@ -224,13 +224,25 @@ def test_on_a_gpu_the_yardstick_is_the_default_and_no_yardstick_turns_it_off(tmp
 
 
 def test_a_resumed_batch_keeps_the_way_its_speed_was_credited():
-    from grader.grading.batch import resume
+    from grader.grading import config
+    from grader.grading.batch import pipeline, resume
 
     recorded = {"course_fingerprint": "c", "device_kind": "cuda", "yardstick": True}
     assert resume.conflicts(recorded, {**recorded, "course": "x"}, "s")[1:] == []
     said = resume.conflicts(recorded, {**recorded, "course": "x", "yardstick": False}, "s")[1:]
     assert said == ["the folder's speed was credited beside the reference solutions (the yardstick); this run "
                     "would credit it against the GPU's thresholds file (--no-yardstick)"]
+    # a GPU folder graded before run.json said so was credited against the thresholds files: kept that way
+    older = {"course_fingerprint": "c", "device_kind": "cuda"}
+    assert resume.conflicts(older, {**older, "course": "x", "yardstick": True}, "s")[1:] == [
+        "the folder's speed was credited against the GPU's thresholds file (--no-yardstick); this run would credit "
+        "it beside the reference solutions (the yardstick)"]
+    on_cpu = {"course_fingerprint": "c", "device_kind": "cpu"}
+    assert resume.conflicts(on_cpu, {**on_cpu, "course": "x", "yardstick": False}, "s")[1:] == []
+    fields = {"exercises": ["gelu"], "random_cases": 0, "timeout_s": 1.0, "call_timeout_s": 1.0, "memory_mb": 1}
+    assert pipeline.recorded_options({**older, **fields}, config.GradeOptions()).yardstick is False
+    assert pipeline.recorded_options({**recorded, **fields}, config.GradeOptions()).yardstick is True
+    assert pipeline.recorded_options({**on_cpu, **fields}, config.GradeOptions()).yardstick is None
 
 
 def test_a_server_keeps_the_recording_for_the_next_upload_and_records_again_when_the_reference_changes(

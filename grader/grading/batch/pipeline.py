@@ -174,12 +174,13 @@ def recorded_run(out: Path) -> dict:
 def recorded_options(recorded: dict, options: config.GradeOptions) -> config.GradeOptions:
     """The options that decide scores, as the batch recorded them."""
     course = recorded.get("course_file") or recorded.get("course")
+    yardstick = resume.recorded_yardstick(recorded)
     return options.replace(
         exercises=tuple(recorded["exercises"]), random_cases=recorded["random_cases"],
         timeout_s=recorded["timeout_s"], call_timeout_s=recorded["call_timeout_s"],
         memory_mb=recorded["memory_mb"], course=Path(course) if course else None,
         unsandboxed=bool(recorded.get("unsandboxed", False)),
-        yardstick=recorded.get("yardstick", options.yardstick))
+        yardstick=options.yardstick if yardstick is None else yardstick)
 
 
 def reprepare(out: Path, student: str, dest: Path, selected: tuple[Exercise, ...]) -> submission.Submission:

@@ -75,13 +75,22 @@ def conflicts(recorded: Mapping[str, Any], current: Mapping[str, Any], secret: s
         was = "without a sandbox" if recorded.get("unsandboxed") else "in the sandbox"
         problems.append(f"the folder was graded {was}; this run would grade "
                         + ("without one (--unsandboxed)" if current.get("unsandboxed") else "in the sandbox"))
-    if recorded.get("yardstick", current.get("yardstick")) != current.get("yardstick"):
-        problems.append("the folder's speed was credited " + _yardstick_said(recorded.get("yardstick"))
+    was = recorded_yardstick(recorded)
+    if was is not None and was != bool(current.get("yardstick")):
+        problems.append("the folder's speed was credited " + _yardstick_said(was)
                         + "; this run would credit it " + _yardstick_said(current.get("yardstick")))
     for key in SCORE_SETTINGS:
         if key in recorded and recorded[key] != current[key]:
             problems.append(f"{key} is {current[key]} now, {recorded[key]} when the folder was graded")
     return problems
+
+
+def recorded_yardstick(recorded: Mapping[str, Any]) -> bool | None:
+    """Whether the batch in ``recorded`` (run.json) credited speed beside the reference solutions; a GPU batch
+    recorded before the grader said so credited against the thresholds files (False); None: nothing to keep."""
+    if "yardstick" in recorded:
+        return bool(recorded["yardstick"])
+    return False if recorded.get("device_kind") == "cuda" else None
 
 
 def _yardstick_said(on: bool | None) -> str:
