@@ -28,11 +28,12 @@ from typing import Any
 
 from grader.checks import runtime
 from grader.checks.text import escape as _e
-from grader.grading.results import store
+from grader.grading.results import report_view, store
+from grader.grading.results.report_view import REGRADE_NOTE, status_text, unavailable_note
 from grader.grading.results.results import ExerciseResult, ungradable
 from grader.grading.results.scoring import LINE_REGRADE, ExerciseScore
 from grader.grading.results.scoring import points_text as _pts
-from grader.speed import credit, roofline
+from grader.speed import roofline
 from grader.speed.credit import BenchmarkCredit
 
 
@@ -80,25 +81,6 @@ class StudentReport:
     def regrade_parts(self) -> list[str]:
         return [f"{r.exercise}/{name}" for _, r in self.exercises for name in r.regrade_parts()]
 
-
-
-def _total(score: float, max_score: float, pending: float) -> str:
-    text = f"{_pts(score)} / {_pts(max_score)}"
-    return text + (f" ({_pts(pending)} pending a regrade)" if pending > 0 else "")
-
-
-REGRADE_NOTE = ("Some parts need a regrade: the grader failed while judging them (a fault of the grader, not of "
-                "your code). They are not scored yet; the total will change when they are regraded.")
-
-
-def unavailable_note(report: StudentReport) -> str:
-    """Why the maximum is below the course's: the points this device cannot award, and the reason ("" if none)."""
-    missing = report.unavailable
-    if missing <= 0:
-        return ""
-    reasons = sorted({u.reason for s, _ in report.exercises for u in s.unavailable})
-    return (f"The maximum here is {_pts(report.max_score)} points, not {_pts(report.max_score + missing)}: the "
-            f"other {_pts(missing)} are speed points, not available in this run — " + "; ".join(reasons) + ".")
 
 
 # ------------------------------------------------------------------------------------- gradescope
@@ -153,81 +135,54 @@ def _fence(text: str) -> str:
 
 
 def markdown(report: StudentReport) -> str:
-    out = [f"# Grade report: {report.student}", ""]
-    out.append(f"**Total: {_total(report.score, report.max_score, report.pending)} points** — graded with "
-               f"{report.graded_with}; {report.started}, {report.elapsed_s:.1f} s of grading (its exercises' times "
-               f"added up). Submission: `{report.source}` ({report.kind}).")
+    v = report_view.view(report)
+    out = [f"# Grade report: {v.student}", ""]
+    out.append(f"**Total: {v.total} points** — graded with {v.graded_with}; {v.started}, {v.elapsed_s:.1f} s of "
+               f"grading (its exercises' times added up). Submission: `{v.source}` ({v.kind}).")
     out.append("")
-    if note := unavailable_note(report):
-        out += [f"> {note}", ""]
-    if report.pending > 0:
-        out += [f"> **Needs regrade** ({', '.join(report.regrade_parts())}): {REGRADE_NOTE}", ""]
-    for problem in report.problems:
-        out.append(f"> Submission problem: {problem}")
-    if report.problems:
-        out.append("")
+    if v.unavailable:
+        out += [f"> {v.unavailable}", ""]
+    if v.regrade:
+        out += [f"> **Needs regrade** ({v.regrade}): {REGRADE_NOTE}", ""]
+    out += [f"> Submission problem: {problem}" for problem in v.problems] + ([""] if v.problems else [])
     out += ["| Exercise | Score | Status |", "|---|---:|---|"]
-    for score, _ in report.exercises:
-        out.append(f"| {score.exercise} | {_total(score.score, score.max_score, score.pending)} | "
-                   f"{status_text(score)} |")
-    for score, result in report.exercises:
-        out += ["", f"## {score.exercise} — {score.title}: {_total(score.score, score.max_score, score.pending)}", ""]
-        if score.status != "graded" and score.message:
-            out += [f"**{score.status}**", "", _fence(score.message), ""]
+    out += [f"| {exercise} | {total} | {status} |" for exercise, total, status in v.summary]
+    for ex in v.exercises:
+        out += ["", f"## {ex.exercise} — {ex.title}: {ex.total}", ""]
+        if ex.status_message:
+            out += [f"**{ex.status_message[0]}**", "", _fence(ex.status_message[1]), ""]
         out += ["| Check | Points | Result |", "|---|---:|---|"]
-        for line in score.lines:
-            points = "–" if line.status == LINE_REGRADE else _pts(line.score)
-            out.append(f"| {line.name} | {points} / {_pts(line.max_score)} | {line.status} |")
-        for u in score.unavailable:
-            out.append(f"| {score.exercise} / {u.part}: speed | – / {_pts(u.points)} (not counted) | not available: "
-                       f"{u.reason} |")
-        for part in result.parts:
-            failure = part.first_failure()
-            if part.status == "graded" and failure is not None:
-                out += ["", f"**{part.name}: smallest failing check** ({failure.label}):", "", _fence(failure.message)]
-                if hint := part.layout_hint():
-                    out += ["", f"**{part.name}: hint** (from all its cases): {hint}"]
-                if common := part.common_hint():
-                    hint, n, of = common
-                    out += ["", f"**{part.name}: hint** (from {n} of {of} failing checks): {hint}"]
-                out += ["", f"**{part.name}: every check** — {part.passed_cases} of {len(part.correctness)} passed:",
-                        ""]
-                for kind, checks in part.checks_by_kind():
-                    out.append(f"- {kind}, {sum(c.passed for c in checks)} of {len(checks)} passed:")
-                    out += [f"  - {'passed' if c.passed else 'FAILED'} `{c.label}`"
-                            + ("" if c.passed else f": {c.reason}") for c in checks]
-            for flag in part.flags:
-                out += ["", f"**Integrity flag `{flag['rule']}`** ({part.name}):", "", _fence(flag["message"])]
-            rows = part.speed.rows
-            if rows:
-                out += ["", f"**{part.name}: speed** — {part.speed.message}", "", *_speed_md(rows)]
-            elif part.speed.status != credit.NOT_GRADED:
-                out += ["", f"{part.name}: speed {part.speed.message}"]
-        if result.problems:
-            out += ["", "**Problems while grading:**", "", _fence("\n\n".join(result.problems))]
-        if result.notes:
-            out += ["", "**Notes:**", "", *(f"- {n}" for n in result.notes)]
-        out += ["", f"_{score.exercise} took {result.elapsed_s:.1f} s{ran_on(result)}._"]
+        out += [f"| {line.name} | {line.points} | {line.result} |" for line in ex.lines]
+        for part in ex.parts:
+            out += _part_md(part)
+        if ex.problems:
+            out += ["", "**Problems while grading:**", "", _fence("\n\n".join(ex.problems))]
+        if ex.notes:
+            out += ["", "**Notes:**", "", *(f"- {n}" for n in ex.notes)]
+        out += ["", f"_{ex.exercise} took {ex.took}._"]
     return "\n".join(out) + "\n"
 
 
-def ran_on(result: ExerciseResult) -> str:
-    """' on GPU 2 (NVIDIA H100, GPU-...)' and the GPUs that failed under it, if any; nothing on the CPU."""
-    device = result.device
-    if device.get("kind") != "cuda":
-        return ""
-    text = f" on GPU {device.get('index', '?')} ({device.get('name', '?')}, {device.get('uuid') or 'no UUID'})"
-    if device.get("replaces"):
-        text += f", graded again there after a GPU failed: {'; '.join(device['replaces'])}"
-    return text
-
-
-def status_text(score: ExerciseScore) -> str:
-    if score.pending > 0:
-        return "needs regrade"
-    if score.status == "graded":
-        return "graded" if score.score >= score.max_score - 1e-9 else "graded (see below)"
-    return score.status
+def _part_md(part: report_view.PartView) -> list[str]:
+    out = []
+    if part.failure is not None:
+        out += ["", f"**{part.name}: smallest failing check** ({part.failure[0]}):", "", _fence(part.failure[1])]
+        for where, hint in part.hints:
+            out += ["", f"**{part.name}: hint** (from {where}): {hint}"]
+    if part.checks is not None:
+        c = part.checks
+        out += ["", f"**{part.name}: every check** — {c.passed} of {c.total} passed:", ""]
+        for kind, found in c.kinds:
+            out.append(f"- {kind}, {sum(ok for ok, _, _ in found)} of {len(found)} passed:")
+            out += [f"  - {'passed' if ok else 'FAILED'} `{label}`" + ("" if ok else f": {reason}")
+                    for ok, label, reason in found]
+    for rule, message in part.flags:
+        out += ["", f"**Integrity flag `{rule}`** ({part.name}):", "", _fence(message)]
+    if part.speed_rows:
+        out += ["", f"**{part.name}: speed** — {part.speed}", "", *_speed_md(part.speed_rows)]
+    elif part.speed is not None:
+        out += ["", f"{part.name}: speed {part.speed}"]
+    return out
 
 
 SPEED_COLUMNS = (("label", "benchmark"), ("student_ms", "yours (ms)"), ("reference_ms", "reference (ms)"),
@@ -269,83 +224,71 @@ svg text{font-family:inherit}
 
 
 def render_html(report: StudentReport) -> str:
+    v = report_view.view(report)
     h = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-         f"<title>Grade report: {_e(report.student)}</title><style>{_CSS}</style></head><body>",
-         f'<h1 id="student">Grade report: {_e(report.student)}</h1>',
-         f'<p class="total" id="total">Total: <b>{_e(_total(report.score, report.max_score, report.pending))}</b> '
-         "points</p>",
-         f'<p class="meta">Graded with {_e(report.graded_with)}; {_e(report.started)}, {report.elapsed_s:.1f} s of '
-         f"grading (its exercises' times added up). Submission: <code>{_e(report.source)}</code> "
-         f"({_e(report.kind)}).</p>"]
-    if note := unavailable_note(report):
-        h.append(f'<p class="unavailable" id="speed-unavailable">{_e(note)}</p>')
-    if report.pending > 0:
-        h.append(f'<p class="regrade" id="needs-regrade"><b>Needs regrade</b> '
-                 f"({_e(', '.join(report.regrade_parts()))}): {_e(REGRADE_NOTE)}</p>")
-    for problem in report.problems:
-        h.append(f'<p class="problem">Submission problem: {_e(problem)}</p>')
+         f"<title>Grade report: {_e(v.student)}</title><style>{_CSS}</style></head><body>",
+         f'<h1 id="student">Grade report: {_e(v.student)}</h1>',
+         f'<p class="total" id="total">Total: <b>{_e(v.total)}</b> points</p>',
+         f'<p class="meta">Graded with {_e(v.graded_with)}; {_e(v.started)}, {v.elapsed_s:.1f} s of grading (its '
+         f"exercises' times added up). Submission: <code>{_e(v.source)}</code> ({_e(v.kind)}).</p>"]
+    if v.unavailable:
+        h.append(f'<p class="unavailable" id="speed-unavailable">{_e(v.unavailable)}</p>')
+    if v.regrade:
+        h.append(f'<p class="regrade" id="needs-regrade"><b>Needs regrade</b> ({_e(v.regrade)}): '
+                 f"{_e(REGRADE_NOTE)}</p>")
+    h += [f'<p class="problem">Submission problem: {_e(problem)}</p>' for problem in v.problems]
     h.append('<table id="summary"><tr><th>Exercise</th><th>Score</th><th>Status</th></tr>')
-    for score, _ in report.exercises:
-        h.append(f'<tr><td><a href="#ex-{_e(score.exercise)}">{_e(score.exercise)}</a></td>'
-                 f'<td class="num">{_e(_total(score.score, score.max_score, score.pending))}</td>'
-                 f"<td>{_e(status_text(score))}</td></tr>")
+    h += [f'<tr><td><a href="#ex-{_e(exercise)}">{_e(exercise)}</a></td><td class="num">{_e(total)}</td>'
+          f"<td>{_e(status)}</td></tr>" for exercise, total, status in v.summary]
     h.append("</table>")
-    for score, result in report.exercises:
-        h.append(f'<section id="ex-{_e(score.exercise)}"><h2>{_e(score.exercise)} — {_e(score.title)}: '
-                 f"{_e(_total(score.score, score.max_score, score.pending))}</h2>")
-        if score.status != "graded" and score.message:
-            h.append(f"<p><b>{_e(score.status)}</b></p><pre>{_e(score.message)}</pre>")
+    for ex in v.exercises:
+        h.append(f'<section id="ex-{_e(ex.exercise)}"><h2>{_e(ex.exercise)} — {_e(ex.title)}: {_e(ex.total)}</h2>')
+        if ex.status_message:
+            h.append(f"<p><b>{_e(ex.status_message[0])}</b></p><pre>{_e(ex.status_message[1])}</pre>")
         h.append("<table><tr><th>Check</th><th>Points</th><th>Result</th></tr>")
-        for line in score.lines:
-            mark = {"passed": "passed", "failed": "failed"}.get(line.status, "regrade")
-            points = "–" if line.status == LINE_REGRADE else _pts(line.score)
-            h.append(f"<tr><td>{_e(line.name)}</td><td class=\"num\">{points} / {_pts(line.max_score)}"
-                     f'</td><td class="{mark}">{_e(line.status)}</td></tr>')
-        for u in score.unavailable:
-            h.append(f"<tr><td>{_e(score.exercise)} / {_e(u.part)}: speed</td><td class=\"num\">– / "
-                     f"{_pts(u.points)} (not counted)</td><td>not available: {_e(u.reason)}</td></tr>")
+        h += [f'<tr><td>{_e(line.name)}</td><td class="num">{_e(line.points)}</td>'
+              + (f'<td class="{line.css}">' if line.css else "<td>") + f"{_e(line.result)}</td></tr>"
+              for line in ex.lines]
         h.append("</table>")
-        for part in result.parts:
-            failure = part.first_failure()
-            if part.status == "graded" and failure is not None:
-                h.append(f"<h3>{_e(part.name)}: smallest failing check</h3><p><code>{_e(failure.label)}</code></p>"
-                         f'<pre class="failure">{_e(failure.message)}</pre>')
-                if hint := part.layout_hint():
-                    h.append(f'<p class="hint"><b>Hint</b> (from all its cases): {_e(hint)}</p>')
-                if common := part.common_hint():
-                    hint, n, of = common
-                    h.append(f'<p class="hint"><b>Hint</b> (from {n} of {of} failing checks): {_e(hint)}</p>')
-                h.append(f'<h3>{_e(part.name)}: every check</h3><p>{part.passed_cases} of {len(part.correctness)} '
-                         f'passed</p><ul class="checks" id="checks-{_e(score.exercise)}-{_e(part.name)}">')
-                for kind, checks in part.checks_by_kind():
-                    items = "".join(f'<li class="{"passed" if c.passed else "failed"}">'
-                                    f'{"passed" if c.passed else "FAILED"} <code>{_e(c.label)}</code>'
-                                    + ("" if c.passed else f": {_e(c.reason)}") + "</li>" for c in checks)
-                    h.append(f"<li>{_e(kind)}, {sum(c.passed for c in checks)} of {len(checks)} passed:"
-                             f"<ul>{items}</ul></li>")
-                h.append("</ul>")
-            for flag in part.flags:
-                h.append(f'<div class="flag"><b>Integrity flag <code>{_e(flag["rule"])}</code></b> '
-                         f"({_e(part.name)})<pre>{_e(flag['message'])}</pre></div>")
-            speed = part.speed
-            rows = speed.rows
-            if rows:
-                h.append(f"<h3>{_e(part.name)}: speed</h3><p>{_e(speed.message)}</p>")
-                h.append(_speed_html(rows))
-                gbps, tflops = roofline.peaks(speed.roofline)
-                h.append(roofline.roofline_svg([r.to_dict() for r in rows], title=f"{score.exercise} / {part.name}",
-                                               peak_gbps=gbps, peak_tflops=tflops))
-            elif speed.status != credit.NOT_GRADED:
-                h.append(f'<p class="meta">{_e(part.name)}: speed {_e(speed.message)}</p>')
-        if result.problems:
+        for part in ex.parts:
+            h += _part_html(ex.exercise, part)
+        if ex.problems:
             h.append('<h3>Problems while grading</h3><pre class="problem">'
-                     f"{_e(chr(10).join(p + chr(10) for p in result.problems))}</pre>")
-        if result.notes:
-            h.append("<h3>Notes</h3><ul>" + "".join(f"<li>{_e(n)}</li>" for n in result.notes) + "</ul>")
-        h.append(f'<p class="meta">{_e(score.exercise)} took {result.elapsed_s:.1f} s{_e(ran_on(result))}.</p>'
-                 "</section>")
+                     f"{_e(chr(10).join(p + chr(10) for p in ex.problems))}</pre>")
+        if ex.notes:
+            h.append("<h3>Notes</h3><ul>" + "".join(f"<li>{_e(n)}</li>" for n in ex.notes) + "</ul>")
+        h.append(f'<p class="meta">{_e(ex.exercise)} took {_e(ex.took)}.</p></section>')
     h.append("</body></html>")
     return "\n".join(h)
+
+
+def _part_html(exercise: str, part: report_view.PartView) -> list[str]:
+    h = []
+    if part.failure is not None:
+        h.append(f"<h3>{_e(part.name)}: smallest failing check</h3><p><code>{_e(part.failure[0])}</code></p>"
+                 f'<pre class="failure">{_e(part.failure[1])}</pre>')
+        h += [f'<p class="hint"><b>Hint</b> (from {_e(where)}): {_e(hint)}</p>' for where, hint in part.hints]
+    if part.checks is not None:
+        c = part.checks
+        h.append(f"<h3>{_e(part.name)}: every check</h3><p>{c.passed} of {c.total} passed</p>"
+                 f'<ul class="checks" id="checks-{_e(c.exercise)}-{_e(part.name)}">')
+        for kind, found in c.kinds:
+            items = "".join(f'<li class="{"passed" if ok else "failed"}">{"passed" if ok else "FAILED"} '
+                            f"<code>{_e(label)}</code>" + ("" if ok else f": {_e(reason)}") + "</li>"
+                            for ok, label, reason in found)
+            h.append(f"<li>{_e(kind)}, {sum(ok for ok, _, _ in found)} of {len(found)} passed:<ul>{items}</ul></li>")
+        h.append("</ul>")
+    h += [f'<div class="flag"><b>Integrity flag <code>{_e(rule)}</code></b> ({_e(part.name)})<pre>{_e(message)}</pre>'
+          "</div>" for rule, message in part.flags]
+    if part.speed_rows:
+        h.append(f"<h3>{_e(part.name)}: speed</h3><p>{_e(part.speed)}</p>")
+        h.append(_speed_html(part.speed_rows))
+        gbps, tflops = roofline.peaks(part.roofline)
+        h.append(roofline.roofline_svg([r.to_dict() for r in part.speed_rows], title=f"{exercise} / {part.name}",
+                                       peak_gbps=gbps, peak_tflops=tflops))
+    elif part.speed is not None:
+        h.append(f'<p class="meta">{_e(part.name)}: speed {_e(part.speed)}</p>')
+    return h
 
 
 def _speed_html(rows: list[BenchmarkCredit]) -> str:
