@@ -94,6 +94,15 @@ def _inputs_data(inputs: Inputs | None) -> Any:
 
 def encode(message: Request | Reply) -> dict[str, Any]:
     """A message as plain data (the wire form)."""
+    data = _encode_request(message)
+    if data is None:
+        data = _encode_reply(message)
+    if data is None:
+        raise TypeError(f"not a protocol message: {message!r}")
+    return data
+
+
+def _encode_request(message: Any) -> dict[str, Any] | None:
     match message:
         case Job():
             return {"type": "job", "exercise": message.exercise, "root": message.root, "device": message.device,
@@ -116,6 +125,11 @@ def encode(message: Request | Reply) -> dict[str, Any]:
                     "benchmarks": bool(message.benchmarks)}
         case Finish():
             return {"type": "finish"}
+    return None
+
+
+def _encode_reply(message: Any) -> dict[str, Any] | None:
+    match message:
         case Hello():
             return {"type": "hello", "pid": int(message.pid)}
         case Loaded():
@@ -130,13 +144,7 @@ def encode(message: Request | Reply) -> dict[str, Any]:
         case ExtraDone():
             return {"type": "extra_done", "id": message.id, "observation": plain_data(message.observation)}
         case SpeedDone():
-            m = message.measurement
-            return {"type": "speed_done", "id": message.id, "gpu": str(m.gpu),
-                    "benchmarks": [plain_data(b.to_dict()) for b in m.benchmarks],
-                    "recheck": None if m.recheck is None else _execution_data(m.recheck),
-                    "tampered": [str(t) for t in m.tampered], "recheck_repeats": bool(m.recheck_repeats),
-                    "plans": {str(label): plan.to_dict() if isinstance(plan, LaunchPlan)
-                              else {"not_replayable": str(plan)} for label, plan in m.plans.items()}}
+            return _speed_done_data(message)
         case WarmedUp():
             return {"type": "warmed_up", "id": message.id, "error": message.error}
         case CompiledAhead():
@@ -152,7 +160,17 @@ def encode(message: Request | Reply) -> dict[str, Any]:
             return {"type": "not_implemented", "id": message.id, "message": str(message.message)}
         case Raised():
             return {"type": "raised", "id": message.id, "message": str(message.message)}
-    raise TypeError(f"not a protocol message: {message!r}")
+    return None
+
+
+def _speed_done_data(message: SpeedDone) -> dict[str, Any]:
+    m = message.measurement
+    return {"type": "speed_done", "id": message.id, "gpu": str(m.gpu),
+            "benchmarks": [plain_data(b.to_dict()) for b in m.benchmarks],
+            "recheck": None if m.recheck is None else _execution_data(m.recheck),
+            "tampered": [str(t) for t in m.tampered], "recheck_repeats": bool(m.recheck_repeats),
+            "plans": {str(label): plan.to_dict() if isinstance(plan, LaunchPlan)
+                      else {"not_replayable": str(plan)} for label, plan in m.plans.items()}}
 
 
 # ------------------------------------------------------------------------------------------ decoding
@@ -305,6 +323,15 @@ def decode(data: Any, *, extra_fields: dict[str, dict[str, Any]] | None = None) 
         raise ProtocolError("not a message")
     kind = data["type"]
     what = f"{kind} message"
+    found = _decode_request(kind, data, what)
+    if found is None:
+        found = _decode_reply(kind, data, what, extra_fields)
+    if found is None:
+        raise ProtocolError(f"unknown message type {kind!r}")
+    return found
+
+
+def _decode_request(kind: str, data: dict, what: str) -> Request | None:
     match kind:
         case "job":
             return Job(_get(data, "exercise", str, what), _get(data, "root", str, what),
@@ -329,16 +356,15 @@ def decode(data: Any, *, extra_fields: dict[str, dict[str, Any]] | None = None) 
                                 _get(data, "benchmarks", bool, what))
         case "finish":
             return Finish()
+    return None
+
+
+def _decode_reply(kind: str, data: dict, what: str, extra_fields: dict[str, dict[str, Any]] | None) -> Reply | None:
+    match kind:
         case "hello":
             return Hello(_get(data, "pid", int, what))
         case "loaded":
-            errors = _get(data, "errors", dict, what)
-            failures = {}
-            for part, err in errors.items():
-                if not isinstance(part, str) or not isinstance(err, dict):
-                    raise ProtocolError(f"{what}: errors must map parts to {{kind, message}}")
-                failures[part] = LoadFailure(_get(err, "kind", str, what), _text(err, "message", what))
-            return Loaded(failures)
+            return _loaded(data, what)
         case "case_done":
             return CaseDone(_get(data, "id", str, what), _execution(data.get("execution"), what))
         case "bad_input_done":
@@ -347,21 +373,9 @@ def decode(data: Any, *, extra_fields: dict[str, dict[str, Any]] | None = None) 
                 cut(raised, 200), _str_list(_get(data, "raised_types", list, what), f"{what}: raised_types")[:64],
                 _text(data, "message", what)))
         case "extra_done":
-            item = _get(data, "id", str, what)
-            fields = (extra_fields or {}).get(item)
-            if fields is None:
-                raise ProtocolError(f"{what}: {item!r} is not an extra check of this exercise")
-            return ExtraDone(item, _observation(data.get("observation"), fields, what))
+            return _extra_done(data, what, extra_fields)
         case "speed_done":
-            rows = _get(data, "benchmarks", list, what)
-            recheck = data.get("recheck")
-            return SpeedDone(_get(data, "id", str, what), SpeedMeasurement(
-                gpu=_get(data, "gpu", str, what),
-                benchmarks=[_benchmark(r, f"{what}: benchmark {i}") for i, r in enumerate(rows)],
-                recheck=None if recheck is None else _execution(recheck, f"{what}: recheck"),
-                tampered=_str_list(_get(data, "tampered", list, what), f"{what}: tampered"),
-                plans=_plans(data.get("plans", {}), what),
-                recheck_repeats=_get(data, "recheck_repeats", bool, what)))
+            return _speed_done(data, what)
         case "warmed_up":
             return WarmedUp(_get(data, "id", str, what), _text(data, "error", what, optional=True))
         case "compiled_ahead":
@@ -377,4 +391,34 @@ def decode(data: Any, *, extra_fields: dict[str, dict[str, Any]] | None = None) 
             return NotImplementedYet(_get(data, "id", str, what), _text(data, "message", what))
         case "raised":
             return Raised(_get(data, "id", str, what), _text(data, "message", what))
-    raise ProtocolError(f"unknown message type {kind!r}")
+    return None
+
+
+def _loaded(data: dict, what: str) -> Loaded:
+    errors = _get(data, "errors", dict, what)
+    failures = {}
+    for part, err in errors.items():
+        if not isinstance(part, str) or not isinstance(err, dict):
+            raise ProtocolError(f"{what}: errors must map parts to {{kind, message}}")
+        failures[part] = LoadFailure(_get(err, "kind", str, what), _text(err, "message", what))
+    return Loaded(failures)
+
+
+def _extra_done(data: dict, what: str, extra_fields: dict[str, dict[str, Any]] | None) -> ExtraDone:
+    item = _get(data, "id", str, what)
+    fields = (extra_fields or {}).get(item)
+    if fields is None:
+        raise ProtocolError(f"{what}: {item!r} is not an extra check of this exercise")
+    return ExtraDone(item, _observation(data.get("observation"), fields, what))
+
+
+def _speed_done(data: dict, what: str) -> SpeedDone:
+    rows = _get(data, "benchmarks", list, what)
+    recheck = data.get("recheck")
+    return SpeedDone(_get(data, "id", str, what), SpeedMeasurement(
+        gpu=_get(data, "gpu", str, what),
+        benchmarks=[_benchmark(r, f"{what}: benchmark {i}") for i, r in enumerate(rows)],
+        recheck=None if recheck is None else _execution(recheck, f"{what}: recheck"),
+        tampered=_str_list(_get(data, "tampered", list, what), f"{what}: tampered"),
+        plans=_plans(data.get("plans", {}), what),
+        recheck_repeats=_get(data, "recheck_repeats", bool, what)))
