@@ -165,57 +165,66 @@ def _first_line(check: CheckResult) -> str:
 def unmet(sub: Submission, result: ExerciseResult, device: str) -> list[str]:
     """The declarations of ``sub`` for ``device`` that ``result`` does not meet, each with what was found."""
     problems = []
-    checks = _checks(result)
-    parts = {p.name: p for p in result.parts}
     for d in (d for d in sub.declarations if d.applies(device)):
-        if d.key == "status":
-            part = parts.get(d.args[0])
-            found = part.status if part else f"no part {d.args[0]!r}"
-            if found != d.args[1]:
-                problems.append(f"{d.line} — found {found!r}" + (f" ({part.message[:160]})" if part else ""))
-            continue
-        if d.key == "flags":
-            raised = {f["rule"] for p in result.parts for f in p.flags}
-            if d.args == ("none",):
-                if raised:
-                    problems.append(f"{d.line} — raised {sorted(raised)}")
-                continue
-            must = {r for r in d.args if not r.endswith("?")}
-            may = must | {r.rstrip("?") for r in d.args}
-            if not must <= raised or not raised <= may:
-                problems.append(f"{d.line} — raised {sorted(raised) or 'none'}")
-            continue
-        if d.key == "all-checks-run":
-            bad = [c for c in checks if c.status == GRADER_ERROR or not_run(c)]
-            bad_parts = [p.name for p in result.parts if p.status in (NEEDS_REGRADE, "error")]
-            if bad or bad_parts:
-                problems.append(f"{d.line} — " + "; ".join([*(_first_line(c) for c in bad[:3]),
-                                                            *(f"part {n}: {parts[n].status}" for n in bad_parts)]))
-            continue
-        selector = Selector.parse(d.args[0])
-        chosen = [c for c in checks if selector.matches(c) and c.status != SKIPPED]
-        if not chosen:
-            problems.append(f"{d.line} — no such check ran")
-            continue
-        failed = [c for c in chosen if c.status == FAILED]
-        if d.key == "passes":
-            wrong = [c for c in chosen if c.status != PASSED]
-            if wrong:
-                problems.append(f"{d.line} — {len(wrong)} of {len(chosen)} did not pass, e.g. {_first_line(wrong[0])}")
-        elif d.key == "expect":
-            if not any(re.search(d.args[1], c.message) for c in failed):
-                found = _first_line(failed[0]) if failed else f"all {len(chosen)} passed"
-                problems.append(f"{d.line} — none failed with a matching message ({found})")
-        elif d.key == "fails":
-            wrong = [c for c in chosen if c.status != FAILED or not re.search(d.args[1], c.message)]
-            if wrong:
-                problems.append(f"{d.line} — {len(wrong)} of {len(chosen)} did not, e.g. {_first_line(wrong[0])}")
-        elif d.key == "note":
-            bare = [c for c in failed if not has_interpreter_note(c.message)]
-            if not failed or bare:
-                found = _first_line(bare[0]) if bare else "none failed"
-                problems.append(f"{d.line} — {len(bare)} of {len(failed)} failures carry no interpreter note ({found})")
+        check = _WHOLE.get(d.key, _selected)
+        if (found := check(d, result)) is not None:
+            problems.append(f"{d.line} — {found}")
     return problems
+
+
+def _status(d, result: ExerciseResult) -> str | None:
+    part = next((p for p in result.parts if p.name == d.args[0]), None)
+    found = part.status if part else f"no part {d.args[0]!r}"
+    if found == d.args[1]:
+        return None
+    return f"found {found!r}" + (f" ({part.message[:160]})" if part else "")
+
+
+def _flags(d, result: ExerciseResult) -> str | None:
+    raised = {f["rule"] for p in result.parts for f in p.flags}
+    if d.args == ("none",):
+        return f"raised {sorted(raised)}" if raised else None
+    must = {r for r in d.args if not r.endswith("?")}
+    may = must | {r.rstrip("?") for r in d.args}
+    return None if must <= raised <= may else f"raised {sorted(raised) or 'none'}"
+
+
+def _all_checks_run(d, result: ExerciseResult) -> str | None:
+    bad = [c for c in _checks(result) if c.status == GRADER_ERROR or not_run(c)]
+    bad_parts = [p for p in result.parts if p.status in (NEEDS_REGRADE, "error")]
+    if not bad and not bad_parts:
+        return None
+    return "; ".join([*(_first_line(c) for c in bad[:3]), *(f"part {p.name}: {p.status}" for p in bad_parts)])
+
+
+def _selected(d, result: ExerciseResult) -> str | None:
+    """A declaration about the checks its selector picks (passes, expect, fails, note)."""
+    selector = Selector.parse(d.args[0])
+    chosen = [c for c in _checks(result) if selector.matches(c) and c.status != SKIPPED]
+    if not chosen:
+        return "no such check ran"
+    failed = [c for c in chosen if c.status == FAILED]
+    if d.key == "passes":
+        wrong = [c for c in chosen if c.status != PASSED]
+        return f"{len(wrong)} of {len(chosen)} did not pass, e.g. {_first_line(wrong[0])}" if wrong else None
+    if d.key == "expect":
+        if any(re.search(d.args[1], c.message) for c in failed):
+            return None
+        found = _first_line(failed[0]) if failed else f"all {len(chosen)} passed"
+        return f"none failed with a matching message ({found})"
+    if d.key == "fails":
+        wrong = [c for c in chosen if c.status != FAILED or not re.search(d.args[1], c.message)]
+        return f"{len(wrong)} of {len(chosen)} did not, e.g. {_first_line(wrong[0])}" if wrong else None
+    if d.key == "note":
+        bare = [c for c in failed if not has_interpreter_note(c.message)]
+        if failed and not bare:
+            return None
+        found = _first_line(bare[0]) if bare else "none failed"
+        return f"{len(bare)} of {len(failed)} failures carry no interpreter note ({found})"
+    return None
+
+
+_WHOLE = {"status": _status, "flags": _flags, "all-checks-run": _all_checks_run}  # the others select checks
 
 
 def score(out: Path, student: str, exercise: str) -> tuple[float, float]:

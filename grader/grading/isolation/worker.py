@@ -193,7 +193,33 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     from grader import exercises
-    from grader.checks import loader, runtime
+    from grader.checks import loader
+
+    _prepare(job, gate, watchdog, send)
+    exercise = exercises.get(job.exercise)
+    if job.call_timeout_s > 0:  # importing the module is student code too
+        watchdog.arm(job.call_timeout_s)
+    modules, errors = {}, {}
+    with gate.use():
+        for part in exercise.parts:
+            try:
+                modules[part.name] = loader.load(job.root, exercise, part.functions)
+            except loader.LoadError as exc:
+                errors[part.name] = p.LoadFailure(exc.kind, str(exc))
+    watchdog.cancel()
+    send(p.Loaded(errors))
+
+    _serve(job, exercise, modules, gate, watchdog, send, receive)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # do not wait for threads or atexit handlers the student may have left behind
+
+
+def _prepare(job, gate, watchdog: _Watchdog, send) -> None:
+    """Before any student code: the device, the timing primitives as they are now, the GPU's gate, the autotuner
+    and the compile clock (compiling is told to the grader and not counted in a call's time), CUDA started."""
+    from grader.checks import gpu_gate, runtime
+    from grader.grading.isolation import protocol as p
     from grader.speed import autotune, tamper
 
     if job.device == "cuda":
@@ -221,18 +247,13 @@ def main(argv: list[str] | None = None) -> int:
         specialization.install()
         if (why := runtime.start_cuda()) is not None:  # outside use(): no turn alone waits for it
             print(f"worker: starting CUDA failed: {why}", file=sys.stderr)
-    exercise = exercises.get(job.exercise)
-    if job.call_timeout_s > 0:  # importing the module is student code too
-        watchdog.arm(job.call_timeout_s)
-    modules, errors = {}, {}
-    with gate.use():
-        for part in exercise.parts:
-            try:
-                modules[part.name] = loader.load(job.root, exercise, part.functions)
-            except loader.LoadError as exc:
-                errors[part.name] = p.LoadFailure(exc.kind, str(exc))
-    watchdog.cancel()
-    send(p.Loaded(errors))
+
+
+def _serve(job, exercise, modules: dict, gate, watchdog: _Watchdog, send, receive) -> None:
+    """Answer the grader's requests until it says finish, each call within its time limit; a CUDA context the
+    student's code broke ends the worker after its reply (the grader goes on in a fresh one)."""
+    from grader.checks import runtime
+    from grader.grading.isolation import protocol as p
 
     while not isinstance(request := receive(), p.Finish):
         limit = job.call_timeout_s + (request.budget_s if isinstance(request, p.RunSpeed) else 0.0)
@@ -254,9 +275,6 @@ def main(argv: list[str] | None = None) -> int:
             send(p.Raised(request.id, f"the result could not be sent to the grader: {type(exc).__name__}: {exc}"))
         if broken:
             break
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # do not wait for threads or atexit handlers the student may have left behind
 
 
 def _describe(exc: BaseException) -> str:
