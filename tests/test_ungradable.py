@@ -32,7 +32,7 @@ def test_what_could_not_be_graded_is_named_and_the_exit_status_says_so(tmp_path,
     err = capsys.readouterr().err
     assert "3 submission(s) had nothing that could be graded" in err
     assert "corrupt_zip: corrupt_zip.zip is not a valid zip file" in err
-    assert "notebook_not_json: notebook notebook_not_json.ipynb is not valid: Notebook does not appear" in err
+    assert "notebook_not_json: notebook notebook_not_json.ipynb is not valid: it is not JSON" in err
     assert "empty: empty: no exercise module found (expected files like gelu/gelu.py" in err
     assert "partial:" not in err  # gelu was there: graded, softmax "not submitted"
 
