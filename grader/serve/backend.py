@@ -45,22 +45,20 @@ class Backend(Protocol):
     def grade(self, job: Job) -> tuple[Grade, list[SpeedTime]]: ...
 
 
+PATH_OPTIONS = ("course", "references", "yardstick_cache")  # GradeOptions fields that hold a folder or file
+
+
 def options_to_dict(options: config.GradeOptions) -> dict[str, Any]:
     data = {f.name: getattr(options, f.name) for f in fields(options)}
-    data["course"] = str(options.course) if options.course else None
-    data["references"] = str(options.references) if options.references else None
-    data["yardstick_cache"] = str(options.yardstick_cache) if options.yardstick_cache else None
+    data.update({name: str(data[name]) if data[name] else None for name in PATH_OPTIONS})
     data["exercises"] = list(options.exercises)
     data["slurm"] = dict(options.slurm) if options.slurm is not None else None
     return data
 
 
 def options_from_dict(data: dict[str, Any]) -> config.GradeOptions:
-    return config.GradeOptions(**{**data, "exercises": tuple(data["exercises"]),
-                                  "course": Path(data["course"]) if data["course"] else None,
-                                  "references": Path(data["references"]) if data.get("references") else None,
-                                  "yardstick_cache": (Path(data["yardstick_cache"]) if data.get("yardstick_cache")
-                                                      else None)})
+    paths = {name: Path(data[name]) if data.get(name) else None for name in PATH_OPTIONS}
+    return config.GradeOptions(**{**data, "exercises": tuple(data["exercises"]), **paths})
 
 
 class EngineBackend:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import concurrent.futures
 import hashlib
 import json
-import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
@@ -32,6 +31,7 @@ from grader.grading.exercise_run import plan as plan_mod
 from grader.grading.exercise_run import references, supervise
 from grader.grading.exercise_run.slots import Slot
 from grader.grading.isolation import protocol
+from grader.grading.results import store
 from grader.speed.plan import LaunchPlan
 
 KEPT = 32  # recordings kept per process (a server grades batch after batch): each holds a few MB of kernels
@@ -147,12 +147,18 @@ def _cache_file(folder: Path | None, exercise: Exercise, root: Path, slot: Slot 
     digest = hashlib.sha256()
     for value in (exercise.name, torch.__version__, triton.__version__, torch.version.cuda or "",
                   (slot.device.get("uuid") or slot.name) if slot is not None else "cuda",
-                  slot.gpu_name if slot is not None else ""):
+                  slot.gpu_name if slot is not None else "", _files_digest(Path(grader.__file__).parent),
+                  _files_digest(root / exercise.name)):
         digest.update(str(value).encode() + b"\0")
-    for base in (root / exercise.name, Path(grader.__file__).parent):
-        for path in sorted(p for p in base.rglob("*") if p.is_file() and p.suffix in (".py", ".toml")):
-            digest.update(str(path.relative_to(base)).encode() + b"\0" + path.read_bytes() + b"\0")
     return folder / f"{exercise.name}-{digest.hexdigest()[:24]}.json"
+
+
+def _files_digest(base: Path) -> str:
+    """A digest of the source files under ``base`` (names and contents)."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in base.rglob("*") if p.is_file() and p.suffix in (".py", ".toml")):
+        digest.update(str(path.relative_to(base)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
 
 
 def _load(path: Path) -> Yardstick:
@@ -167,8 +173,4 @@ def _save(path: Path, found: Yardstick) -> None:
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     data = {"plans": {part: {label: plan.to_dict() for label, plan in by_label.items()}
                       for part, by_label in found.plans.items()}}
-    partial = path.with_suffix(f".{os.getpid()}.part")
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        json.dump(data, out)
-    os.replace(partial, path)
+    store.write_atomic(path, json.dumps(data), mode=0o600)

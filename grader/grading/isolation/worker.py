@@ -20,6 +20,13 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # imported at run time only once the limits are set
+    from grader.checks.gpu_gate import NoGate
+    from grader.checks.spec import Exercise
+    from grader.grading.isolation.protocol import Job
 
 MB = 1 << 20
 
@@ -215,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     os._exit(0)  # do not wait for threads or atexit handlers the student may have left behind
 
 
-def _prepare(job, gate, watchdog: _Watchdog, send) -> None:
+def _prepare(job: Job, gate: NoGate, watchdog: _Watchdog, send: Callable[[Any], None]) -> None:
     """Before any student code: the device, the timing primitives as they are now, the GPU's gate, the autotuner
     and the compile clock (compiling is told to the grader and not counted in a call's time), CUDA started."""
     from grader.checks import gpu_gate, runtime
@@ -249,7 +256,8 @@ def _prepare(job, gate, watchdog: _Watchdog, send) -> None:
             print(f"worker: starting CUDA failed: {why}", file=sys.stderr)
 
 
-def _serve(job, exercise, modules: dict, gate, watchdog: _Watchdog, send, receive) -> None:
+def _serve(job: Job, exercise: Exercise, modules: dict, gate: NoGate, watchdog: _Watchdog,
+           send: Callable[[Any], None], receive: Callable[[], Any]) -> None:
     """Answer the grader's requests until it says finish, each call within its time limit; a CUDA context the
     student's code broke ends the worker after its reply (the grader goes on in a fresh one)."""
     from grader.checks import runtime

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from grader.grading.results.results import ExerciseResult
+from grader.grading.results.results import ExerciseResult, PartResult
 from grader.grading.results.scoring import LINE_REGRADE, ExerciseScore
 from grader.grading.results.scoring import points_text as pts
 from grader.speed import credit
@@ -146,7 +146,7 @@ def _exercise(score: ExerciseScore, result: ExerciseResult) -> ExerciseView:
         notes=list(result.notes), took=f"{result.elapsed_s:.1f} s{ran_on(result)}")
 
 
-def _part(exercise: str, part) -> PartView:
+def _part(exercise: str, part: PartResult) -> PartView:
     failure = part.first_failure() if part.status == "graded" else None
     hints, checks = [], None
     if failure is not None:
