@@ -283,6 +283,9 @@ def _cheat_kernel(x_ptr, y_ptr, cache_ptr, marks_ptr, hits_ptr, n, cheat, ITERS:
     mark = tl.load(marks_ptr + 2 * pid)
     seen = tl.load(marks_ptr + 2 * pid + 1)
     found = (mark == 0x5EED1234) & (seen == key) & (cheat != 0)
+    # Every warp of the block reads the marks before any warp writes them: without the barrier a late warp could
+    # read the marks an early warp wrote in this very call and return its share of a cache not yet written.
+    tl.debug_barrier()
     if found:  # an earlier call left its result for this input: return it without computing
         y = tl.load(cache_ptr + offs, mask=mask, other=0.0)
         tl.atomic_add(hits_ptr, 1)

@@ -171,7 +171,8 @@ def make_context(out: Path, options: config.GradeOptions, *, secret: str, work: 
     settings = config.resolve(options, course, device=device, secret=secret, workdir=work.dir,
                               gpu_name=mode.gpu_name if device == mode.device else None, sandbox=sandbox[0])
     settings = replace(settings, env={**settings.env, reaper.BATCH_VAR: work.token},
-                       references=references.ReferenceStore(options.references or out / store.REFERENCES, secret))
+                       references=references.ReferenceStore(options.references or out / store.REFERENCES, secret),
+                       yardstick_cache=options.yardstick_cache or out / store.YARDSTICK)
     description = mode.description if device == mode.device else f"{device.upper()} through Slurm"
     return Context(out, course, all_ex, selected, settings, device, description, work.token, options.course,
                    sandbox_note=sandbox[1], unsandboxed=options.unsandboxed)

@@ -10,9 +10,10 @@ needs an exercise's yardstick on a GPU records it, side by side with its own wor
 uses the same plans. A recording that fails is the grader's side: the parts are then credited against the GPU's
 calibrated thresholds where it has them, else their speed waits for a regrade.
 
-A server grades each upload as a batch of its own; it keeps complete recordings in a folder
-(``RunSettings.yardstick_cache``), named by everything that could change them: the reference's files, the grader's
-code, torch, Triton and the GPU. Every upload of a term is then timed beside the same reference kernels.
+Complete recordings are kept in a folder (``RunSettings.yardstick_cache``: ``OUT/staff/yardstick`` for a batch,
+one folder for all of a server's uploads), each named by everything that could change it: the reference's files,
+the grader's code, torch, Triton and the GPU. A batch resumed with more submissions, and every upload of a term, is
+then timed beside the same reference kernels, recorded once; ``--fresh`` clears the folder with the rest.
 """
 
 from __future__ import annotations
