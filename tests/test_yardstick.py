@@ -279,28 +279,22 @@ def test_a_server_keeps_the_recording_for_the_next_upload_and_records_again_when
     assert not upload(4).cached and len(recorded) == 3
 
 
-def test_a_batch_keeps_its_recording_in_its_output_folder_for_the_submissions_it_grades_later(tmp_path):
-    """A resumed batch (more submissions in the same folder) is timed beside the kernels recorded the first time;
-    ``--fresh`` removes them with the rest; a server's folder is the one it names."""
+def test_every_batch_on_a_host_keeps_its_recording_in_the_users_cache_folder(tmp_path, monkeypatch):
+    """Later batches on the GPU are timed beside the kernels recorded the first time; a server's folder is the one
+    it names."""
     from types import SimpleNamespace
 
     from grader.grading import config
     from grader.grading.batch import context
-    from grader.grading.results import store
 
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     work = SimpleNamespace(dir=tmp_path / "work", token="t")
-    out = tmp_path / "out"
 
     def made(options):
-        return context.make_context(out, options, secret="s", work=work, device="cpu")
+        return context.make_context(tmp_path / "out", options, secret="s", work=work, device="cpu")
 
-    assert made(config.GradeOptions()).settings.yardstick_cache == out / "staff" / "yardstick"
+    assert made(config.GradeOptions()).settings.yardstick_cache == tmp_path / "cache" / "grader" / "yardstick"
     assert made(config.GradeOptions(yardstick_cache=tmp_path / "serve")).settings.yardstick_cache == tmp_path / "serve"
-    kept = out / store.YARDSTICK / "gelu-0.json"
-    kept.parent.mkdir(parents=True)
-    kept.write_text("{}")
-    store.clear_results(out)
-    assert not kept.exists()
 
 
 def test_the_reference_kernels_configs_are_recorded_beside_the_students_in_the_details():

@@ -253,8 +253,8 @@ class GradeOptions:
     # on a GPU, the reference solutions timed beside every submission (RunSettings.yardstick); None: where the
     # solutions tree is present (a checkout of the course repository), else the GPU's thresholds file
     yardstick: bool | None = None
-    # where the reference's recorded plans are kept (default OUT/staff/yardstick: a resumed batch times its new
-    # submissions beside the same reference kernels); ``grader serve`` keeps one folder for all its uploads
+    # where the reference's recorded plans are kept (default: the user's cache folder, shared by every batch on the
+    # host); ``grader serve`` keeps them in its own folder
     yardstick_cache: Path | None = None
 
     def replace(self, **changes: Any) -> GradeOptions:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from grader.checks.spec import Exercise
 from grader.grading import config
-from grader.grading.exercise_run import references
+from grader.grading.exercise_run import references, yardstick_plans
 from grader.grading.isolation import bwrap, processes, reaper
 from grader.grading.results import store
 
@@ -172,7 +172,7 @@ def make_context(out: Path, options: config.GradeOptions, *, secret: str, work: 
                               gpu_name=mode.gpu_name if device == mode.device else None, sandbox=sandbox[0])
     settings = replace(settings, env={**settings.env, reaper.BATCH_VAR: work.token},
                        references=references.ReferenceStore(options.references or out / store.REFERENCES, secret),
-                       yardstick_cache=options.yardstick_cache or out / store.YARDSTICK)
+                       yardstick_cache=options.yardstick_cache or yardstick_plans.default_cache())
     description = mode.description if device == mode.device else f"{device.upper()} through Slurm"
     return Context(out, course, all_ex, selected, settings, device, description, work.token, options.course,
                    sandbox_note=sandbox[1], unsandboxed=options.unsandboxed)

@@ -10,10 +10,10 @@ needs an exercise's yardstick on a GPU records it, side by side with its own wor
 uses the same plans. A recording that fails is the grader's side: the parts are then credited against the GPU's
 calibrated thresholds where it has them, else their speed waits for a regrade.
 
-Complete recordings are kept in a folder (``RunSettings.yardstick_cache``: ``OUT/staff/yardstick`` for a batch,
-one folder for all of a server's uploads), each named by everything that could change it: the reference's files,
-the grader's code, torch, Triton and the GPU. A batch resumed with more submissions, and every upload of a term, is
-then timed beside the same reference kernels, recorded once; ``--fresh`` clears the folder with the rest.
+Complete recordings are kept in a folder (``RunSettings.yardstick_cache``: the user's cache folder,
+:func:`default_cache`, or a server's own), each named by everything that could change it: the reference's files,
+the grader's code, torch, Triton and the GPU. Every later batch on that GPU, and every upload of a server's term, is
+then timed beside the same reference kernels, recorded once; removing the folder records them again.
 """
 
 from __future__ import annotations
@@ -134,6 +134,15 @@ def record(exercise: Exercise, root: Path, *, settings: RunSettings, slot: Slot 
     if kept is not None and not found.problems:
         _save(kept, found)
     return found
+
+
+def default_cache() -> Path:
+    """The user's cache folder for recordings (``$XDG_CACHE_HOME/grader/yardstick``, else ``~/.cache/...``): no
+    sandbox sees it."""
+    import os
+
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "grader" / "yardstick"
 
 
 def _cache_file(folder: Path | None, exercise: Exercise, root: Path, slot: Slot | None) -> Path | None:

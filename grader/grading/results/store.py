@@ -9,7 +9,6 @@
     OUT/staff/gpu-failures/*.json        GPUs taken out of the pool, and why
     OUT/staff/slurm/                     job scripts, task lists, jobs.json and the tasks' logs
     OUT/staff/references/<exercise>/<part>/*.pt   the hidden cases' inputs and references, signed (references.py)
-    OUT/staff/yardstick/<exercise>-<digest>.json  the reference solution's recorded plans, per GPU (yardstick_plans.py)
     OUT/students/<id>/                   one folder per student (ids cannot collide with the files above)
         report.md, report.html           the student's report
         results.json                     Gradescope's format
@@ -39,7 +38,7 @@ RUN_FILE, SECRET_FILE, GRADEBOOK = "run.json", "secret.txt", "grades.csv"
 CLASS_REPORT_HTML, CLASS_REPORT_CSV = "class-report.html", "class-report.csv"
 STUDENTS, STAFF = "students", "staff"
 RUNNING, GPU_FAILURES, SLURM = f"{STAFF}/running", f"{STAFF}/gpu-failures", f"{STAFF}/slurm"
-REFERENCES, YARDSTICK = f"{STAFF}/references", f"{STAFF}/yardstick"
+REFERENCES = f"{STAFF}/references"
 
 
 def write_atomic(path: Path, text: str, *, mode: int = 0o644) -> None:
