@@ -21,6 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "docs" / "data"
 DOC = ROOT / "docs" / "performance.md"
+DOCS = (DOC, ROOT / "docs" / "trusted-timer.md")  # the pages whose marked tables are drawn from the data
 MARKER = re.compile(r"^<!-- table: ([\w-]+) -->$")
 
 # The columns each CSV must have, in this order.
@@ -260,7 +261,7 @@ def render(doc: str) -> str:
         i += 1
         if m:
             if m.group(1) not in TABLES:
-                raise SystemExit(f"docs/performance.md: unknown table {m.group(1)!r}")
+                raise SystemExit(f"unknown table {m.group(1)!r}")
             while i < len(lines) and lines[i].startswith("|"):
                 i += 1
             out += TABLES[m.group(1)]()
@@ -269,15 +270,17 @@ def render(doc: str) -> str:
 
 def main(argv: list[str]) -> int:
     if argv[:1] in (["--write"], ["--check"]):
-        doc = DOC.read_text(encoding="utf-8")
-        new = render(doc)
-        if argv[0] == "--write":
-            DOC.write_text(new, encoding="utf-8")
-            return 0
-        if new != doc:
-            print("docs/performance.md differs from the data: run scripts/performance_tables.py --write")
-            return 1
-        return 0
+        stale = []
+        for page in DOCS:
+            doc = page.read_text(encoding="utf-8")
+            new = render(doc)
+            if argv[0] == "--write":
+                page.write_text(new, encoding="utf-8")
+            elif new != doc:
+                stale.append(page.relative_to(ROOT))
+        for page in stale:
+            print(f"{page} differs from the data: run scripts/performance_tables.py --write")
+        return 1 if stale else 0
     for name in argv or TABLES:
         print(f"<!-- table: {name} -->")
         print("\n".join(TABLES[name]()))

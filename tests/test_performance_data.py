@@ -50,8 +50,9 @@ def test_reference_speed_covers_both_gpus():
         assert float(r["baseline_ms"]) / float(r["reference_ms"]) == pytest.approx(float(r["ratio"]), rel=0.01), r
 
 
-def test_page_shows_what_the_data_draws():
-    doc = tables.DOC.read_text(encoding="utf-8")
+@pytest.mark.parametrize("page", tables.DOCS, ids=lambda p: p.name)
+def test_page_shows_what_the_data_draws(page):
+    doc = page.read_text(encoding="utf-8")
     marked = re.findall(r"^<!-- table: ([\w-]+) -->$", doc, flags=re.M)
     assert marked and len(marked) == len(set(marked))
     assert set(marked) <= set(tables.TABLES)
