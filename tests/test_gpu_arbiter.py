@@ -446,7 +446,7 @@ def test_a_choice_one_of_a_students_workers_timed_is_taken_by_the_others_without
     import triton
     import triton.testing
 
-    from grader.speed import autotune
+    from grader.speed import autotune, autotune_choices
 
     _, counter = _autotuned_add_one(monkeypatch)
     timed: list[int] = []
@@ -470,7 +470,7 @@ def test_a_choice_one_of_a_students_workers_timed_is_taken_by_the_others_without
     with autotune.one_turn():
         first[(1,)](x, 100)
     assert (counter.turns, len(timed), first.best_config.kwargs) == (1, 2, {"BLOCK": 32})
-    assert len(list((tmp_path / autotune.SHARED_CHOICES).iterdir())) == 1
+    assert len(list((tmp_path / autotune_choices.SHARED_CHOICES).iterdir())) == 1
     with autotune.one_turn():
         second[(1,)](x, 100)
     assert (counter.turns, len(timed), second.best_config.kwargs) == (1, 2, {"BLOCK": 32})  # no turn, no timing
@@ -478,7 +478,7 @@ def test_a_choice_one_of_a_students_workers_timed_is_taken_by_the_others_without
         second[(1,)](x, 64)  # another key
         third[(1,)](x, 100)  # other candidates
     assert (counter.turns, len(timed)) == (2, 7)
-    for record in (tmp_path / autotune.SHARED_CHOICES).iterdir():
+    for record in (tmp_path / autotune_choices.SHARED_CHOICES).iterdir():
         record.write_text('{"index": 7}')
     with autotune.one_turn():
         worker()[(1,)](x, 100)
@@ -491,7 +491,7 @@ def test_a_choice_whose_candidates_have_no_stable_name_is_not_shared():
     import torch
     import triton
 
-    from grader.speed import autotune
+    from grader.speed import autotune_choices
 
     tiles = {"q": "M"}
     weights = torch.ones(3)
@@ -502,9 +502,9 @@ def test_a_choice_whose_candidates_have_no_stable_name_is_not_shared():
     def by_tensor(nargs):
         return weights
 
-    assert autotune._hook_name(by_tiles).endswith("by_tiles({'q': 'M'},)")
-    assert autotune._hook_name(by_tensor) is None
-    assert autotune._hook_name(None) == ""
+    assert autotune_choices.hook_name(by_tiles).endswith("by_tiles({'q': 'M'},)")
+    assert autotune_choices.hook_name(by_tensor) is None
+    assert autotune_choices.hook_name(None) == ""
     configs = [triton.Config({"BLOCK": b}, pre_hook=by_tensor) for b in (16, 32)]
 
     class Tuner:
@@ -514,9 +514,9 @@ def test_a_choice_whose_candidates_have_no_stable_name_is_not_shared():
     with pytest.MonkeyPatch.context() as monkeypatch:
         monkeypatch.setenv("TRITON_CACHE_DIR", "/nonexistent")
         monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "a test GPU")
-        assert autotune._shared_choice(Tuner(), configs, {}) is None
+        assert autotune_choices.shared_choice(Tuner(), configs, {}) is None
         plain = [triton.Config({"BLOCK": b}, pre_hook=by_tiles) for b in (16, 32)]
-        assert autotune._shared_choice(Tuner(), plain, {}).parent.name == autotune.SHARED_CHOICES
+        assert autotune_choices.shared_choice(Tuner(), plain, {}).parent.name == autotune_choices.SHARED_CHOICES
 
 
 def test_autotuning_times_a_choices_candidates_together_whatever_the_students_benchmarker():

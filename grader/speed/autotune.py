@@ -21,9 +21,7 @@ leave it alone):
   the other as Triton does: the GPU's speed drifts while a choice is timed, and one after the other the first
   candidates and the last can meet different speeds (in batches, reference copies lost matmul credit to such picks).
   :func:`forget_untimed` first drops every choice made in the other modes. A choice timed by one of a student's
-  workers is left in the student's Triton cache (:func:`_shared_choice`), and another of the student's workers that
-  makes the same choice (the same kernel, key and candidates: FlashAttention's autograd part calls the forward
-  kernel that the forward part tuned) takes it from there instead of timing the candidates again.
+  workers is shared with the student's other workers (:mod:`grader.speed.autotune_choices`).
 
 Choices made in ``FIRST``/``COMPILE`` are never written to Triton's on-disk autotune cache.
 """
@@ -32,16 +30,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import hashlib
-import json
-import os
 import types
 import weakref
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 from grader.checks import gpu_gate
+from grader.speed.autotune_choices import choices_shared, shadowed
 
 FIRST, COMPILE, TUNE = "first", "compile", "tune"
 # Timing one candidate in TUNE mode, in ms (Triton's own default is 25 + 100). With the GPU alone and a choice's
@@ -58,8 +53,6 @@ TUNE_ROUNDS = 10
 COMPILE_THREADS = 8
 _FAILED = [float("inf")] * 3  # what Triton's own _bench returns for a config it cannot build
 _CHOSEN = [0.0] * 3
-# In the student's Triton cache (shared by the student's workers, never by two students): the choices timed.
-SHARED_CHOICES = "grader-autotune"
 
 # Process-wide, not per thread: PyTorch runs a CUDA backward pass on a thread of its autograd engine, and the
 # student's autotuned backward kernels must choose in the mode of the request that called backward() (the worker
@@ -128,7 +121,7 @@ def _patched_run(self, *args, **kwargs):
     run = _original["run"]
     current = _mode()
     if current == TUNE:  # timing candidates takes the GPU alone (_patched_bench), until the choice is made
-        with contextlib.ExitStack() as alone, _choices_shared(self):
+        with contextlib.ExitStack() as alone, choices_shared(self):
             _state.alone = alone
             try:
                 return run(self, *args, **kwargs)
@@ -196,120 +189,10 @@ def _candidates_seen(tuner) -> Iterator[None]:
         return configs
 
     try:
-        with _shadowed(tuner, "prune_configs", prune_and_keep):
+        with shadowed(tuner, "prune_configs", prune_and_keep):
             yield
     finally:
         tuner._grader_candidates = None
-
-
-@contextlib.contextmanager
-def _choices_shared(tuner) -> Iterator[None]:
-    """In the block (``TUNE`` mode), a choice of ``tuner`` another of the student's workers timed is taken from the
-    student's Triton cache (the student's pruning then leaves that one candidate), and a choice timed here is left
-    there for the others."""
-    prune = tuner.prune_configs
-    tuner._grader_shared = tuner._grader_to_share = tuner._grader_timed = tuner._grader_tuning = None
-
-    def prune_and_share(*args, **kwargs):
-        configs = prune(*args, **kwargs)
-        tuner._grader_tuning, tuner._grader_timed = list(configs), None  # a new choice: timed at its first candidate
-        if len(configs) > 1:
-            path = _shared_choice(tuner, configs, args[0] if args else kwargs.get("kwargs", {}))
-            chosen = _read_choice(path, configs) if path is not None else None
-            if chosen is not None:
-                tuner._grader_shared, tuner._grader_tuning = chosen, [chosen]
-                return [chosen]
-            tuner._grader_to_share = (path, configs) if path is not None else None
-        return configs
-
-    try:
-        with _shadowed(tuner, "prune_configs", prune_and_share):
-            yield
-        shared = tuner._grader_to_share
-        best = getattr(tuner, "best_config", None)
-        if shared is not None and best is not None and tuner._grader_shared is None:
-            path, configs = shared
-            if any(best is c for c in configs):
-                _write_choice(path, configs, best)
-    finally:
-        tuner._grader_shared = tuner._grader_to_share = tuner._grader_timed = tuner._grader_tuning = None
-
-
-def _shared_choice(tuner, configs: list, meta: dict) -> Path | None:
-    """Where a choice of ``tuner`` among ``configs`` for this call's key is shared with the student's other workers:
-    a file named by the kernel's source, the GPU, Triton, the key as Triton computes it and the candidates (hooks
-    included); None where one of them has no stable name (nothing is shared)."""
-    folder = os.environ.get("TRITON_CACHE_DIR")
-    if not folder:
-        return None
-    try:
-        import torch
-        import triton
-
-        kernel = tuner.fn
-        while not hasattr(kernel, "cache_key") and hasattr(kernel, "fn"):
-            kernel = kernel.fn
-        named = {**(tuner.nargs or {}), **meta}
-        named = {k: v for k, v in named.items() if k in tuner.arg_names}
-        key = [named[k] for k in tuner.keys if k in named]
-        key += [str(v.dtype) for v in named.values() if hasattr(v, "dtype")]
-        if not _plain(key):
-            return None
-        hooks = [_hook_name(c.pre_hook) for c in configs]
-        names = [str(kernel.cache_key), torch.cuda.get_device_name(), triton.__version__, repr(list(tuner.keys)),
-                 repr(key), *(f"{c}|{hook}" for c, hook in zip(configs, hooks))]
-    except Exception:  # a Triton whose autotuner this module does not know: every worker times its own choices
-        return None
-    if None in hooks:
-        return None
-    digest = hashlib.sha256("\n".join(names).encode()).hexdigest()
-    return Path(folder) / SHARED_CHOICES / f"{digest}.json"
-
-
-def _hook_name(hook) -> str | None:
-    """A config's pre-hook by its name and what it closes over (a FlashAttention's descriptor tiles), or None where
-    it closes over anything but plain values (a tensor, a function: nothing is shared)."""
-    if hook is None:
-        return ""
-    try:
-        cells = tuple(cell.cell_contents for cell in (getattr(hook, "__closure__", None) or ()))
-    except ValueError:  # a cell not filled yet
-        return None
-    if not _plain(cells):
-        return None
-    return f"{getattr(hook, '__module__', '')}.{getattr(hook, '__qualname__', '')}{cells!r}"
-
-
-def _plain(value, depth: int = 0) -> bool:
-    """Numbers, strings and small containers of them: what names a hook's closure the same way in every process."""
-    if isinstance(value, (bool, int, float, str, type(None))):
-        return True
-    if depth > 3 or not isinstance(value, (tuple, list, dict)) or len(value) > 64:
-        return False
-    items = [*value.keys(), *value.values()] if isinstance(value, dict) else list(value)
-    return all(_plain(item, depth + 1) for item in items)
-
-
-def _read_choice(path: Path, configs: list):
-    try:
-        data = json.loads(path.read_text())
-        index = int(data["index"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    if 0 <= index < len(configs) and str(configs[index]) == data.get("config"):
-        return configs[index]
-    return None
-
-
-def _write_choice(path: Path, configs: list, best) -> None:
-    index = next(i for i, c in enumerate(configs) if c is best)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"index": index, "config": str(best)}))
-        tmp.replace(path)
-    except OSError:  # a full or read-only cache: the other workers time the choice themselves
-        pass
 
 
 def _compile_ahead(tuner, args: tuple, meta: dict, candidates: list) -> None:
@@ -352,23 +235,7 @@ def _compile_ahead(tuner, args: tuple, meta: dict, candidates: list) -> None:
 
 def _benchmarker(tuner, bench) -> contextlib.AbstractContextManager:
     """Triton's autotuner ``tuner`` times its candidates with ``bench`` in the block."""
-    return _shadowed(tuner, "do_bench", bench)  # do_bench is a cached property: the instance's entry shadows it
-
-
-@contextlib.contextmanager
-def _shadowed(tuner, name: str, value) -> Iterator[None]:
-    """In the block, ``tuner.<name>`` is ``value``: an entry in the instance's dict, which shadows the class's
-    method or cached property; whatever the instance had there before comes back after."""
-    had = name in tuner.__dict__
-    saved = tuner.__dict__.get(name)
-    tuner.__dict__[name] = value
-    try:
-        yield
-    finally:
-        if had:
-            tuner.__dict__[name] = saved
-        else:
-            tuner.__dict__.pop(name, None)
+    return shadowed(tuner, "do_bench", bench)  # do_bench is a cached property: the instance's entry shadows it
 
 
 def _run_once(kernel_call, quantiles=None, **_ignored):
