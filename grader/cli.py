@@ -18,13 +18,13 @@ COMMANDS = {
     "status": ("grader.grading.commands.status", "where a grading batch stands: done, running, failed, needs regrade"),
     "grade-task": ("grader.grading.commands.grade_task", None),
     "verify": ("grader.grading.commands.verify", "grade solutions/ and fail unless every exercise earns full marks"),
-    "release": ("grader.release", "write the student release (no solutions, no hidden material)"),
-    "calibrate": ("grader.speed.calibrate", "measure the references on this GPU and write its thresholds file"),
+    "release": ("grader.grading.commands.release", "write the student release (no solutions, no hidden material)"),
+    "calibrate": ("grader.grading.commands.calibrate", "measure the references on this GPU, write its thresholds file"),
     "bench": ("grader.speed.bench", "benchmark an exercise against its baselines (table, optional plot)"),
     "profile": ("grader.speed.profile", "the kernels one call launches: grids, bytes, GPU times, beside the reference"),
     "serve": ("grader.serve.cli", "run the grading server students submit to during the term; its roster"),
-    "submit": ("grader.serve.submit_cli", "hand in to the course's grading server (grader serve)"),
-    "results": ("grader.serve.results_cli", "your submissions to the course's grading server, and their reports"),
+    "submit": ("grader.handin.submit_cli", "hand in to the course's grading server (grader serve)"),
+    "results": ("grader.handin.results_cli", "your submissions to the course's grading server, and their reports"),
 }
 
 

@@ -225,7 +225,7 @@ def in_process_server(folder: Path, backend, *, workers: int = 2, policy: policy
 
 def upload(url: str, token: str, path: Path) -> tuple[int, dict]:
     """Hand in ``path`` through the API, as ``grader submit`` does."""
-    from grader.serve import client
+    from grader.handin import client
 
     body, content_type = client.multipart(path.name, path.read_bytes())
     status, data = http(url + "/api/submissions", token=token, method="POST", data=body,

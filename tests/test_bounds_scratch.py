@@ -137,7 +137,7 @@ def test_a_sandboxed_write_beyond_the_bound_fails_with_enospc(tmp_path):
 
 def test_a_check_whose_call_filled_the_scratch_says_so(monkeypatch):
     """A correctness case's exception text (``student_traceback``) carries the note too."""
-    from grader.checks.execute import student_traceback
+    from grader.checks.student_errors import student_traceback
 
     monkeypatch.setenv(scratch.SCRATCH_VAR, str(2 * bwrap.GiB))
     text = student_traceback(OSError(errno.ENOSPC, "No space left on device"))

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from grader.checks import gpu_gate
+from grader.speed import student_calls
 
 CANDIDATES = 4
 
@@ -146,7 +147,7 @@ def test_on_a_gpu_the_speed_warm_up_finds_every_candidate_of_every_benchmark_com
 
     from grader import exercises
     from grader.checks import compile_ahead, loader, specialization, tensors
-    from grader.speed import autotune, measure
+    from grader.speed import autotune
 
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU: Triton compiles only there (the interpreter has nothing to compile)")
@@ -171,5 +172,5 @@ def test_on_a_gpu_the_speed_warm_up_finds_every_candidate_of_every_benchmark_com
         # with four candidates each.
         assert error is None and kernels >= 3 * 3 * 4, kernels
         assert before == kernels
-        assert measure.warm_part(part, module) is None
+        assert student_calls.warm_part(part, module) is None
     assert cubins() == before

@@ -545,7 +545,7 @@ def test_a_parts_autotuning_turn_ends_before_its_speed_is_recorded(monkeypatch):
     from grader import exercises
     from grader.grading.isolation import protocol as p
     from grader.grading.isolation import worker
-    from grader.speed import measure
+    from grader.speed import student_calls
     from grader.speed.measure import SpeedMeasurement
 
     class Turns(_TurnCounter):
@@ -564,8 +564,8 @@ def test_a_parts_autotuning_turn_ends_before_its_speed_is_recorded(monkeypatch):
     turns = Turns()
     monkeypatch.setattr(gpu_gate, "_current", turns)
     x = torch.zeros(100)
-    monkeypatch.setattr(measure, "input_sets", lambda part, bench, sets, device: [{"x": x}])
-    monkeypatch.setattr(measure, "student_call", lambda part, module: lambda inputs: add_one(inputs["x"], 100))
+    monkeypatch.setattr(student_calls, "input_sets", lambda part, bench, sets, device: [{"x": x}])
+    monkeypatch.setattr(student_calls, "student_call", lambda part, module: lambda inputs: add_one(inputs["x"], 100))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda *a: None)
     recorded = []
@@ -575,7 +575,7 @@ def test_a_parts_autotuning_turn_ends_before_its_speed_is_recorded(monkeypatch):
         recorded.append((turns.held, turns.turns))
         return SpeedMeasurement("fake GPU")
 
-    monkeypatch.setattr(measure, "record_part", record_part)
+    monkeypatch.setattr(student_calls, "record_part", record_part)
     reply = worker._run(p.RunSpeed("r1", "forward", 1.0, None), exercises.get("gelu"), {"forward": None}, "cpu")
     assert isinstance(reply, p.SpeedDone)
     assert turns.turns == 1 and recorded == [(False, 1)]  # recorded after the turn, and no turn of its own

@@ -18,7 +18,8 @@ from grader import cli, exercises
 from grader.checks import loader, verdicts
 from grader.checks.spec import Exercise, Part
 from grader.grading import config
-from grader.speed import calibrate, credit, measure, thresholds, trusted
+from grader.grading.commands import calibrate
+from grader.speed import credit, in_process, measure, thresholds
 
 from . import known_wrong
 
@@ -61,7 +62,7 @@ def _credit(part: Part, module, limits: thresholds.Thresholds, budget_s: float) 
     """One speed grading of the part, as the grader times it: the recorded kernels replayed (the recheck on
     fresh inputs is judged elsewhere)."""
     per_benchmark = budget_s / len(part.benchmarks)
-    rows = [trusted.measure_replayed(part, module, bench, budget_s=per_benchmark) for bench in part.benchmarks]
+    rows = [in_process.measure_replayed(part, module, bench, budget_s=per_benchmark) for bench in part.benchmarks]
     measurement = measure.SpeedMeasurement(torch.cuda.get_device_name(), rows)
     return credit.part_credit(part, measurement, recheck=verdicts.Verdict(True), thresholds=limits)
 
@@ -100,7 +101,7 @@ def test_a_result_cached_across_calls_is_caught():
         return cache[tuple(x.shape)]
 
     cheat = SimpleNamespace(gelu=gelu)
-    row = trusted.measure_replayed(part, cheat, part.benchmarks[0], budget_s=0.3)
+    row = in_process.measure_replayed(part, cheat, part.benchmarks[0], budget_s=0.3)
     assert row.error and "launched no Triton kernel" in row.error
 
 

@@ -15,12 +15,13 @@ import torch
 
 from grader.checks import loader
 from grader.grading import config
+from grader.grading.commands import calibrate
 from grader.grading.commands import grade as grade_cmd
 from grader.grading.exercise_run import timer_process
 from grader.grading.isolation import bwrap
 from grader.grading.isolation.gpu_arbiter import GpuArbiter
 from grader.grading.results.results import ExerciseResult
-from grader.speed import calibrate, measure
+from grader.speed import measure, student_calls
 from grader.speed.plan import LaunchPlan
 
 from . import known_wrong
@@ -42,7 +43,7 @@ def test_every_reference_replays_in_the_timer_process(exercise, part, tmp_path):
     module = loader.load(SOLUTIONS, exercise, part.functions)
     plans: dict[str, LaunchPlan | str] = {}
     for bench in part.benchmarks:
-        plans[bench.label], _ = measure.record_benchmark(part, module, bench)
+        plans[bench.label], _ = student_calls.record_benchmark(part, module, bench)
         assert isinstance(plans[bench.label], LaunchPlan), f"{bench.label}: {plans[bench.label]}"
     recorded = measure.SpeedMeasurement(torch.cuda.get_device_name(),
                                         [measure.BenchmarkTiming(b.label) for b in part.benchmarks], plans=plans)

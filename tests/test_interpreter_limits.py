@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from grader import exercises
-from grader.checks import execute, interpreter_limits, loader, runtime, verdicts
+from grader.checks import execute, interpreter_limits, loader, runtime, student_errors, verdicts
 from grader.checks.spec import Case
 
 pytestmark = pytest.mark.skipif(runtime.configure().is_cuda, reason="kernels run on the GPU here, not in the "
@@ -173,7 +173,7 @@ def test_no_interpreter_note_where_kernels_ran_on_a_gpu(tmp_path, monkeypatch):
     module = _module(tmp_path, LIMITS["libdevice"][0], imports=LIMITS["libdevice"][1])
     with pytest.raises(Exception) as raised:
         module.gelu(torch.randn(8))
-    assert INTERPRETER_NOTE in execute.student_traceback(raised.value)
+    assert INTERPRETER_NOTE in student_errors.student_traceback(raised.value)
     monkeypatch.delenv("TRITON_INTERPRET")  # as on a GPU, where the same error would be the kernel's own
-    assert "Triton interpreter" not in execute.student_traceback(raised.value)
+    assert "Triton interpreter" not in student_errors.student_traceback(raised.value)
     assert interpreter_limits.note(raised.value, interpreter=False) is None

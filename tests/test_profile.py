@@ -11,7 +11,7 @@ import torch
 
 from grader import cli, exercises
 from grader.checks import loader, runtime
-from grader.checks.execute import device_inputs
+from grader.checks.tensors import device_inputs
 from grader.speed import launches as launches_mod
 from grader.speed import profile
 from grader.speed.launches import Launch

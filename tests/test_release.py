@@ -21,8 +21,8 @@ import nbformat
 import pytest
 
 from grader import cli, exercises
-from grader import release as release_mod
 from grader.grading.batch import submission
+from grader.grading.commands import release as release_mod
 
 REPO = Path(__file__).resolve().parent.parent
 BOOT = ("import sys; sys.meta_path[:] = [f for f in sys.meta_path "
@@ -63,7 +63,7 @@ def test_release_holds_what_students_need(release):
 def test_release_has_no_solutions_tests_or_instructor_grader(release):
     names = {p.relative_to(release).as_posix() for p in release.rglob("*")}
     assert not any(n.startswith(("solutions", "tests", "grader/grading")) for n in names)
-    assert "grader/speed/calibrate.py" not in names
+    assert "grader/grading/commands/calibrate.py" not in names
     solutions = {p.read_bytes() for p in (REPO / "solutions").rglob("*.py")}
     assert not any(p.is_file() and p.read_bytes() in solutions for p in release.rglob("*"))
     assert release_mod.audit(release) == []

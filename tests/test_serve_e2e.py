@@ -14,7 +14,7 @@ import urllib.parse
 
 import pytest
 
-from grader.serve import client
+from grader.handin import client
 
 from . import serve_helpers as helpers
 

@@ -65,7 +65,7 @@ def test_a_refusal_names_the_uploaded_file_not_the_stored_one(tmp_path):
 
 
 def test_grader_submit_suggests_results_with_the_token_option(tmp_path, monkeypatch, capsys):
-    from grader.serve import client
+    from grader.handin import client
 
     monkeypatch.setattr(client, "submit", lambda server, path: {"id": 7, "status": "queued", "position": 1,
                                                                 "exercises": ["gelu"]})

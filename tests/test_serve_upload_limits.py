@@ -11,8 +11,9 @@ import urllib.parse
 import pytest
 from starlette.requests import Request
 
+from grader.handin import client
 from grader.serve import app as app_mod
-from grader.serve import client, intake, queue
+from grader.serve import intake, queue
 from grader.serve import policy as policy_mod
 
 from . import serve_helpers as helpers

@@ -20,8 +20,9 @@ from grader import exercises
 from grader.checks import catalog, loader, tensors, verdicts
 from grader.checks.runtime import configure
 from grader.checks.spec import Benchmark, Case, Exercise, Part, Tolerances
+from grader.grading.commands import calibrate
 from grader.pytest_plugin import spec_tests, speed_tests
-from grader.speed import bench, calibrate, credit, measure, workload
+from grader.speed import bench, credit, measure, student_calls, workload
 from grader.speed import thresholds as th
 from grader.speed.thresholds import Threshold, Thresholds
 from grader.speed.timing import StopRule
@@ -71,7 +72,7 @@ def _module(clock: FakeClock, ms: float, compute=lambda x: x * 2):
 
 
 def _measure(part, module, clock, **kw):
-    return measure.measure_benchmark(part, measure.student_call(part, module), part.benchmarks[0], device="cpu",
+    return measure.measure_benchmark(part, student_calls.student_call(part, module), part.benchmarks[0], device="cpu",
                                      clock=clock,
                                      rule=StopRule(min_rounds=5), warmup_ms=0, graph_below_ms=None, **kw)
 

@@ -18,7 +18,18 @@ from grader.grading.exercise_run import plan
 from grader.grading.exercise_run.judging import ExerciseJudge
 from grader.grading.isolation import protocol, wire
 from grader.grading.results.scoring import score_part
-from grader.speed import bench, clocks, credit, credit_messages, gpu_limits, stats, tamper, timing, trust_checks
+from grader.speed import (
+    bench,
+    clocks,
+    credit,
+    credit_messages,
+    gpu_limits,
+    stats,
+    student_calls,
+    tamper,
+    timing,
+    trust_checks,
+)
 from grader.speed.measure import STUDENT, BenchmarkTiming, SpeedMeasurement
 from grader.speed.thresholds import Threshold, Thresholds
 from tests.fake_clock import FakeClock
@@ -252,7 +263,7 @@ def test_a_speed_measurement_travels_from_the_worker_to_the_judge(monkeypatch):
     assert reply.measurement.plans == recorded.plans and reply.measurement.tampered == []
     assert torch.equal(reply.measurement.recheck.outputs["y"], recorded.recheck.outputs["y"])
     # what the trusted timer makes of it: the timing engine's row for the replayed call
-    row = measure.measure_benchmark(part, measure.student_call(part, module), part.benchmarks[0], device="cpu",
+    row = measure.measure_benchmark(part, student_calls.student_call(part, module), part.benchmarks[0], device="cpu",
                                    clock=clock, budget_s=1.0)
     reply.measurement.benchmarks = [row]
     thresholds = Thresholds(H100, {("toy", "forward", "n1024"): Threshold("torch", 0.5, 1.0, 1.5, 1.0)})
@@ -354,7 +365,7 @@ def test_the_recheck_is_judged_when_the_recording_comes_not_after_the_timing(mon
 
 def test_a_repeated_output_is_told_apart_from_a_merely_wrong_one():
     """The evidence behind the `speed-recheck` flag: the recheck's outputs bit for bit the recorded call's."""
-    from grader.speed.measure import same_outputs
+    from grader.speed.student_calls import same_outputs
 
     recorded = {"o": torch.arange(6.0).reshape(2, 3), "lse": torch.ones(2)}
     assert same_outputs({"o": recorded["o"].clone(), "lse": recorded["lse"].clone()}, recorded)

@@ -253,7 +253,7 @@ def test_grader_submit_leaves_out_of_an_upload_what_the_grader_would_leave_out(t
     import io
     import zipfile
 
-    from grader.serve import client
+    from grader.handin import client
 
     clone = tmp_path / "clone"
     (clone / "gelu").mkdir(parents=True)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from grader import exercises
-from grader.speed import calibrate
+from grader.grading.commands import calibrate
 from grader.speed import thresholds as th
 from grader.speed.thresholds import Threshold, Thresholds, ThresholdsError
 

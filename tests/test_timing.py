@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from grader.checks import tensors
-from grader.speed import calibrate, stats, timing
+from grader.grading.commands import calibrate
+from grader.speed import stats, timing
 from grader.speed.timing import Candidate, StopRule
 from tests.fake_clock import FakeClock
 

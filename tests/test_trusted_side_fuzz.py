@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from grader import exercises
 from grader.checks import compare, tensors
-from grader.checks.execute import Execution
+from grader.checks.call_records import Execution
 from grader.checks.spec import Tolerance
 from grader.grading.exercise_run.judging import ExerciseJudge, output_fingerprint
 from grader.grading.exercise_run.plan import Item

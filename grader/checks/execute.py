@@ -3,54 +3,23 @@ the process that imported the student's module (pytest's, or the grader's sandbo
 
 Nothing here judges. :func:`execute` calls a part's API on given inputs under the integrity monitor and
 returns an :class:`Execution` (outputs copied to the CPU, ops, kernel launches, inputs after the call,
-aliasing); :func:`execute_bad_input` makes a call that must raise and records how it raised. The
-verdicts are computed from these records by :mod:`grader.checks.verdicts`, which never touches student
-code, so the grader can put a process boundary in between.
+aliasing; :mod:`grader.checks.call_records`); :func:`execute_bad_input` makes a call that must raise and records
+how it raised. The verdicts are computed from these records by :mod:`grader.checks.verdicts`, which never touches
+student code, so the grader can put a process boundary in between; a process that never runs student code (the
+trusted timer) never imports this module.
 """
 
 from __future__ import annotations
 
-import os
-import traceback
-from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any
 
 import torch
 
-from grader.checks import integrity, interpreter_limits, tensors
-from grader.checks.scratch import scratch_note
+from grader.checks import integrity, interpreter_limits
+from grader.checks.call_records import BadInputOutcome, Execution
 from grader.checks.spec import BadInput, Inputs, Part
-
-ERROR_KINDS = ("not_implemented", "exception", "bad_output")
-
-
-@dataclass
-class Execution:
-    """What one call of the student's code produced; plain data (picklable, torch.save-able)."""
-
-    outputs: dict[str, torch.Tensor] | None = None  # CPU copies
-    output_devices: dict[str, str] = field(default_factory=dict)
-    error_kind: str | None = None  # one of ERROR_KINDS
-    error: str | None = None
-    ops: list[str] = field(default_factory=list)
-    kernels: list[tuple[str, str]] = field(default_factory=list)
-    inputs_after: dict[str, torch.Tensor] = field(default_factory=dict)  # CPU copies of tensor inputs
-    aliased: list[str] = field(default_factory=list)  # "output <- input" pairs sharing memory
-
-
-@dataclass
-class BadInputOutcome:
-    """What a bad-input call did."""
-
-    raised: str | None = None  # the exception's class name; None: the call returned normally
-    raised_types: list[str] = field(default_factory=list)  # "module.qualname" of every class in its MRO
-    message: str = ""
-
-
-def device_inputs(inputs: Inputs, device: str) -> Inputs:
-    """Fresh copies of the tensor inputs on ``device``, with their strides and storage offsets."""
-    return {k: tensors.to_device(v, device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+from grader.checks.student_errors import student_traceback, type_summary
+from grader.checks.tensors import device_inputs
 
 
 def execute(part: Part, module: ModuleType, inputs: Inputs, device: str) -> Execution:
@@ -101,30 +70,3 @@ def execute_bad_input(module: ModuleType, bad: BadInput, device: str) -> BadInpu
             raise
         return BadInputOutcome(type(exc).__name__, [qualname(c) for c in type(exc).__mro__], str(exc))
     return BadInputOutcome()
-
-
-_INTERNAL = (
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,  # the grader package
-    f"{os.sep}triton{os.sep}",
-    f"{os.sep}torch{os.sep}",
-)
-
-
-def student_frames(exc: BaseException) -> str:
-    """The last few frames of the student's own code (not the grader's, triton's or torch's)."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not any(p in f.filename for p in _INTERNAL)]
-    return "".join(traceback.format_list(frames[-3:])).rstrip()
-
-
-def student_traceback(exc: BaseException) -> str:
-    """The exception and the student's frames where it was raised, and the note when a known limit of the Triton
-    interpreter (or of the installed Triton) explains it: such an error reads like the student's bug."""
-    where = student_frames(exc)
-    note = interpreter_limits.note(exc) or scratch_note(exc)
-    return f"{type(exc).__name__}: {exc}" + (f"\n{where}" if where else "") + (f"\n{note}" if note else "")
-
-
-def type_summary(value: Any) -> str:
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{k}: {type(v).__name__}" for k, v in value.items()) + "}"
-    return type(value).__name__

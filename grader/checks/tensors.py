@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
+from typing import Any
 
 import torch
 
@@ -167,3 +168,8 @@ def row_major_bytes(t: torch.Tensor) -> memoryview:
     if flat.stride(0) != 1:  # a view that steps over elements (a size-1 tensor may keep any stride)
         flat = torch.empty(flat.shape, dtype=flat.dtype).copy_(flat)
     return memoryview(flat.view(torch.uint8).numpy())
+
+
+def device_inputs(inputs: Mapping[str, Any], device: str) -> dict[str, Any]:
+    """Fresh copies of the tensor inputs on ``device``, with their strides and storage offsets."""
+    return {k: to_device(v, device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}

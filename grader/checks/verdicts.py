@@ -17,8 +17,9 @@ from typing import Any
 import torch
 
 from grader.checks import integrity, interpreter_limits, tensors
+from grader.checks.call_records import BadInputOutcome, Execution
 from grader.checks.compare import compare, describe_tensor, inputs_contiguous, layout_hint
-from grader.checks.execute import BadInputOutcome, Execution, execute, execute_bad_input, qualname
+from grader.checks.execute import execute, execute_bad_input, qualname
 from grader.checks.spec import BadInput, Case, Inputs, Part
 
 

@@ -24,7 +24,7 @@ import pytest
 
 from grader.checks import verdicts
 from grader.checks.spec import Benchmark, Exercise, Part
-from grader.speed import credit, measure, probes, thresholds, trusted
+from grader.speed import credit, in_process, measure, probes, thresholds
 
 BUDGET_S = 2.0  # seconds of interleaved timing per benchmark (it usually converges sooner)
 
@@ -70,7 +70,7 @@ def speed_test(exercise: Exercise, part: Part):
             pytest.fail(str(exc), pytrace=False)
 
         samples: list[float] = []
-        row = trusted.measure_replayed(part, module, bench, budget_s=BUDGET_S, samples=samples)
+        row = in_process.measure_replayed(part, module, bench, budget_s=BUDGET_S, samples=samples)
         if row.error:
             pytest.fail(f"{exercise.name} {part.name} speed on {bench.label}: {row.error}", pytrace=False)
         timer.load(samples)

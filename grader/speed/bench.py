@@ -36,7 +36,17 @@ from grader import exercises
 from grader.checks import loader, runtime
 from grader.checks.spec import Benchmark, Exercise, Part
 from grader.checks.verdicts import Verdict
-from grader.speed import credit, credit_messages, measure, probes, roofline, stats, thresholds, trusted, workload
+from grader.speed import (
+    credit,
+    credit_messages,
+    measure,
+    probes,
+    roofline,
+    stats,
+    student_calls,
+    thresholds,
+    workload,
+)
 
 YOURS = "yours"
 IN_PROCESS = "yours (in-process)"  # --in-process: the student's call itself, timed beside its replay
@@ -121,7 +131,7 @@ def measure_part_table(exercise: Exercise, part: Part, module, *, baselines: lis
     ``in_process``: the student's own call is timed too, as :data:`IN_PROCESS`."""
     import torch
 
-    extra = {IN_PROCESS: measure.student_call(part, module)} if in_process else None
+    extra = {IN_PROCESS: student_calls.student_call(part, module)} if in_process else None
     names = list(part.baselines) if baselines is None else [b for b in baselines if b in part.baselines]
     if part.speed_baseline and part.speed_baseline not in names:
         names.insert(0, part.speed_baseline)
@@ -136,12 +146,12 @@ def measure_part_table(exercise: Exercise, part: Part, module, *, baselines: lis
         for i in range(rounds):
             log(f"  {exercise.name} {part.name} {bench.label}" + (f" (round {i + 1} of {rounds})" if rounds > 1 else "")
                 + " ...")
-            row = trusted.measure_replayed(part, module, bench, budget_s=budget_s, baselines=names, extra=extra)
+            row = in_process.measure_replayed(part, module, bench, budget_s=budget_s, baselines=names, extra=extra)
             failed = row.failed_baseline
             while failed and failed != part.speed_baseline:  # an optional baseline broke: drop it, measure again
                 log(f"  dropping the baseline {failed!r}: {row.error.splitlines()[0]}")
                 names.remove(failed)
-                row = trusted.measure_replayed(part, module, bench, budget_s=budget_s, baselines=names,
+                row = in_process.measure_replayed(part, module, bench, budget_s=budget_s, baselines=names,
                                                extra=extra)
                 failed = row.failed_baseline
             measured.append(row)

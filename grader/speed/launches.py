@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from grader.checks.execute import device_inputs
 from grader.checks.integrity import launches_through, tensors_in
+from grader.checks.tensors import device_inputs
 from grader.speed.recorder import NO_WORK_OPS
 
 

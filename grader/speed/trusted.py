@@ -18,12 +18,10 @@ from __future__ import annotations
 
 import contextlib
 import random
-import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import torch
@@ -237,26 +235,3 @@ def time_plan(part: Part, bench: Benchmark, plan: plan_mod.LaunchPlan, *, folder
         with alone():
             measure_prepared(prepared, budget_s=budget_s, baselines=baselines, samples=samples, extra=extra)
     return finish(prepared)
-
-
-def measure_replayed(part: Part, module: ModuleType, bench: Benchmark, *, budget_s: float,
-                     baselines: list[str] | None = None, samples: list[float] | None = None,
-                     extra: Mapping[str, Callable[[Any], Any]] | None = None) -> measure.BenchmarkTiming:
-    """Record the student's call and time its replay in this process: ``pytest -m speed``, ``grader bench`` and
-    ``grader calibrate`` (the grader times in a process of its own: :mod:`grader.speed.timer`)."""
-    try:
-        recorded, record_s = measure.record_benchmark(part, module, bench)
-    except NotImplementedError:
-        return measure.BenchmarkTiming(bench.label, error=f"{' / '.join(part.functions)} is not implemented yet",
-                                       not_implemented=True)
-    except Exception as exc:
-        from grader.checks.execute import student_traceback
-
-        return measure.BenchmarkTiming(bench.label, error=f"{part.functions[0]} raised {student_traceback(exc)}")
-    if isinstance(recorded, str):
-        return measure.BenchmarkTiming(bench.label, error=f"not measurable: {recorded}")
-    with tempfile.TemporaryDirectory(prefix="grader-replay-") as folder:
-        timed = time_plan(part, bench, recorded, folder=Path(folder), budget_s=budget_s, baselines=baselines,
-                          samples=samples, extra=extra)
-    timed.row.warmup_s += record_s
-    return timed.row

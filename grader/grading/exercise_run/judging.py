@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from grader.checks import compare, integrity, interpreter_limits, tensors, verdicts
-from grader.checks.execute import Execution
+from grader.checks.call_records import Execution
 from grader.checks.spec import Case, Exercise, Inputs, Part
 from grader.grading.exercise_run.plan import Item
 from grader.grading.exercise_run.references import CaseReferences

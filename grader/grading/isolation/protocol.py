@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from grader.checks.execute import BadInputOutcome, Execution
+from grader.checks.call_records import BadInputOutcome, Execution
 from grader.speed.measure import SpeedMeasurement
 
 Inputs = dict[str, Any]

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from grader.checks.execute import ERROR_KINDS, BadInputOutcome, Execution
+from grader.checks.call_records import ERROR_KINDS, BadInputOutcome, Execution
 from grader.grading.isolation.protocol import (
     BadInputDone,
     CaseDone,

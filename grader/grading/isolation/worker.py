@@ -89,7 +89,7 @@ def _run(request, exercise, modules: dict, device: str, root: str = ""):
     NotImplementedError from a call that must raise or an extra check means "not written yet"."""
     from grader.checks import execute, specialization
     from grader.grading.isolation import protocol as p
-    from grader.speed import autotune, measure
+    from grader.speed import autotune, student_calls
 
     part = exercise.part(request.part)
     module = modules[part.name]
@@ -129,13 +129,13 @@ def _run(request, exercise, modules: dict, device: str, root: str = ""):
                 return p.NotImplementedYet(request.id, str(exc))
         case p.WarmUp():
             with autotune.mode(autotune.COMPILE):  # compiles every candidate config, times none
-                return p.WarmedUp(request.id, measure.warm_part(part, module))
+                return p.WarmedUp(request.id, student_calls.warm_part(part, module))
         case p.RunSpeed():
             autotune.forget_untimed()  # autotune for real: all of the part's choices in one turn alone
             with autotune.one_turn():
-                measure.tune_part(part, module)
+                student_calls.tune_part(part, module)
             with autotune.mode(autotune.TUNE):  # recorded sharing the GPU (a choice not made yet takes a turn)
-                measurement = measure.record_part(part, module, recheck_inputs=request.recheck_inputs)
+                measurement = student_calls.record_part(part, module, recheck_inputs=request.recheck_inputs)
             if measurement.benchmarks and all(b.not_implemented for b in measurement.benchmarks):
                 return p.NotImplementedYet(request.id, measurement.error or "not implemented")
             return p.SpeedDone(request.id, measurement)
@@ -286,8 +286,8 @@ def _serve(job: Job, exercise: Exercise, modules: dict, gate: NoGate, watchdog: 
 
 
 def _describe(exc: BaseException) -> str:
-    from grader.checks.execute import student_frames
     from grader.checks.scratch import scratch_note
+    from grader.checks.student_errors import student_frames
 
     text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
     note = scratch_note(exc)  # ENOSPC: the student filled the sandbox's scratch

@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from grader.serve import client
-from grader.serve.submit_cli import add_connection, connect
+from grader.handin import client
+from grader.handin.submit_cli import add_connection, connect
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -4,9 +4,10 @@ The release holds
 
 * ``assignments/`` — handouts, stubs and test files;
 * ``grader/`` — the public part of the grader that ``pytest assignments/`` needs (specs, checks, pytest
-  plugin, speed tests and their thresholds, ``grader list`` and ``grader bench``), without the
-  instructor grader (``grader/grading/``), this module and ``grader/speed/calibrate.py`` (it times
-  ``solutions/``);
+  plugin, speed tests and their thresholds, ``grader list``, ``grader bench``, and ``grader submit`` and
+  ``grader results``, :mod:`grader.handin`), copied whole but for the two staff folders (:data:`STAFF_SIDE`): the
+  instructor grader with its commands (``grader/grading/``: this module, ``grader calibrate``, which times
+  ``solutions/``) and the grading server (``grader/serve/``);
 * ``pyproject.toml`` (``pytest`` with no argument runs ``assignments/``), ``scripts/bootstrap.sh`` and
   ``.ci/constraints.txt`` (the install), and a student ``README.md``;
 * with ``--notebooks``: ``notebooks/<exercise>.ipynb`` — the handout as markdown, the stub as a code
@@ -40,12 +41,9 @@ from pathlib import Path
 import grader
 
 REPO = Path(grader.__file__).resolve().parent.parent
-# Instructor tooling, not needed by students.
-# grader serve's server stays with the staff; a release keeps its client: grader submit and grader results
-SERVE_CLIENT = ("__init__.py", "client.py", "submit_cli.py", "results_cli.py")
-STAFF_ONLY = ("grader/grading", "grader/release.py", "grader/speed/calibrate.py",
-              *sorted(f"grader/serve/{p.name}" for p in (Path(__file__).resolve().parent / "serve").glob("*.py")
-                      if p.name not in SERVE_CLIENT))
+# The staff side of the grader, left out of a release whole: the instructor grader and its commands, and the grading
+# server (its client, grader submit and grader results, is grader/handin, which ships).
+STAFF_SIDE = ("grader/grading", "grader/serve")
 # How students set up the course's pinned environment: natively on Linux, in the container on macOS and Windows.
 STUDENT_ENVIRONMENT = ("scripts/bootstrap.sh", ".ci/constraints.txt", "Dockerfile", ".dockerignore",
                        ".devcontainer/devcontainer.json", "docs/student-environment.md")
@@ -147,7 +145,7 @@ def build(out: Path, *, notebooks: bool = False, repo: Path = REPO, self_check: 
     archive = committed_assignments(repo)
     out.mkdir(parents=True, exist_ok=True)
     written = _extract(archive, out)
-    written += _copy_tree(repo / "grader", out / "grader", skip=tuple(repo / s for s in STAFF_ONLY))
+    written += _copy_tree(repo / "grader", out / "grader", skip=tuple(repo / s for s in STAFF_SIDE))
     for rel in STUDENT_ENVIRONMENT:
         if (repo / rel).is_file():
             (out / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -223,7 +221,7 @@ def solution_lines(repo: Path = REPO) -> dict[str, str]:
     for path in (repo / "assignments").rglob("*"):
         if path.suffix in (".py", ".md", ".txt") and path.is_file():  # stubs, tests and handouts (their snippets)
             public.update(_lines(path.read_text()))
-    staff = tuple(repo / s for s in STAFF_ONLY)
+    staff = tuple(repo / s for s in STAFF_SIDE)
     for path in (repo / "grader").rglob("*.py"):
         if not any(path == s or s in path.parents for s in staff):
             public.update(_lines(path.read_text()))

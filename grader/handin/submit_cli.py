@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from grader.serve import client
+from grader.handin import client
 
 
 def add_connection(parser: argparse.ArgumentParser) -> None:

@@ -29,7 +29,7 @@ from typing import Any
 from grader import exercises
 from grader.checks import loader, runtime, verdicts
 from grader.checks.spec import Exercise, Part
-from grader.speed import measure, probes, stats, trusted
+from grader.speed import in_process, measure, probes, stats
 from grader.speed import thresholds as th
 
 # The same fractions of the reference's speed as grading beside the yardstick uses.
@@ -122,7 +122,7 @@ def calibrate(
         for bench in part.benchmarks:
             runs = []
             for _ in range(repeats):
-                row = trusted.measure_replayed(part, module, bench, budget_s=budget_s,
+                row = in_process.measure_replayed(part, module, bench, budget_s=budget_s,
                                                baselines=[part.speed_baseline])
                 if row.error:
                     raise SystemExit(f"grader calibrate: {exercise.name} {part.name} {bench.label}: {row.error}")
