@@ -24,6 +24,7 @@ from grader.speed import (
     credit,
     credit_messages,
     gpu_limits,
+    primitives,
     stats,
     student_calls,
     tamper,
@@ -93,7 +94,7 @@ def test_a_call_that_takes_longer_to_launch_than_any_hold_is_noted():
 def captured():
     tamper.capture_primitives()
     yield
-    tamper._CAPTURED.clear()
+    primitives.CAPTURED.clear()
 
 
 def test_replaced_timing_primitives_are_named(captured, monkeypatch):

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from grader.speed.tamper import primitive
+from grader.speed.primitives import primitive
 
 
 class Clock(Protocol):

@@ -5,7 +5,7 @@ that timing goes through (CUDA events, synchronization, ``time.perf_counter``, `
 functions, the statistics), and :func:`tampered` names whatever was replaced or rewritten since: the grader turns a
 non-empty answer into the integrity flag ``timer-tampering``, and checks every time against the GPU's physical
 limits in its own process (:mod:`grader.speed.gpu_limits`). :class:`~grader.speed.clocks.CudaClock` uses the captured
-objects (:func:`primitive`).
+objects (:func:`grader.speed.primitives.primitive`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import sys
 import time
 from typing import Any
 
-_CAPTURED: dict[str, tuple[Any, str, Any, Any]] = {}  # name -> (owner, attribute, object, its code)
+from grader.speed.primitives import CAPTURED
+
 _MISSING = object()
 
 
@@ -34,7 +35,7 @@ def _targets() -> dict[str, tuple[Any, str]]:
     import torch
     import triton.testing
 
-    from grader.speed import clocks, measure, stats, timing
+    from grader.speed import clocks, measure, primitives, stats, timing
 
     this = sys.modules[__name__]
     found: dict[str, tuple[Any, str]] = {
@@ -54,7 +55,7 @@ def _targets() -> dict[str, tuple[Any, str]]:
         found[f"statistics.{attr}"] = (statistics, attr)
     for attr in ("sorted", "min", "max", "sum", "len", "float", "int", "isinstance"):
         found[f"builtins.{attr}"] = (builtins, attr)
-    for module in (timing, stats, clocks, this, measure):
+    for module in (timing, stats, clocks, this, measure, primitives):
         prefix = module.__name__
         for attr, value in vars(module).items():
             if getattr(value, "__module__", None) == module.__name__ and (callable(value) or isinstance(value, type)):
@@ -69,22 +70,17 @@ def _targets() -> dict[str, tuple[Any, str]]:
 def capture_primitives() -> None:
     """Record the timing primitives as they are now. The grader's worker calls this before it imports
     any student module; :class:`CudaClock` then uses these objects and :func:`tampered` compares."""
-    _CAPTURED.clear()
+    CAPTURED.clear()
     for name, (owner, attr) in _targets().items():
         value = vars(owner)[attr] if isinstance(owner, type) else getattr(owner, attr)
-        _CAPTURED[name] = (owner, attr, value, _code(value))
-
-
-def primitive(name: str, current: Any) -> Any:
-    """The captured object of that name, or ``current`` where nothing was captured (pytest, bench)."""
-    return _CAPTURED[name][2] if name in _CAPTURED else current
+        CAPTURED[name] = (owner, attr, value, _code(value))
 
 
 def tampered() -> list[str]:
     """The captured primitives that were replaced, deleted or had their code rewritten since
     :func:`capture_primitives` (empty where nothing was captured)."""
     changed = []
-    for name, (owner, attr, value, code) in _CAPTURED.items():
+    for name, (owner, attr, value, code) in CAPTURED.items():
         now = vars(owner).get(attr, _MISSING) if isinstance(owner, type) else getattr(owner, attr, _MISSING)
         if now is not value or _code(now) is not code:
             changed.append(name)
