@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 from grader import cli, exercises
 from grader.grading import config
-from grader.grading.batch import pipeline
+from grader.grading.batch import pipeline, summary
 from grader.grading.batch.context import UsageError
 from grader.grading.commands import verify
 from grader.grading.results import rebuild, store
@@ -82,7 +82,7 @@ def test_the_summary_table_goes_to_stdout_and_diagnostics_to_stderr(tmp_path, ca
     store.save_exercise(tmp_path, "broken", ExerciseResult("gelu", gelu.title, ERROR, UNREADABLE + WHY))
     students = rebuild.all_reports(tmp_path, course=config.load_course(), all_exercises=exercises.all_exercises())
     ctx = SimpleNamespace(out=tmp_path, settings=SimpleNamespace(random_cases=0))
-    pipeline.summary(ctx, pipeline.Batch(tmp_path, students, (gelu,), 2.0, "CPU", graded=2), "Grades")
+    summary.summary(ctx, pipeline.Batch(tmp_path, students, (gelu,), 2.0, "CPU", graded=2), "Grades")
     captured = capsys.readouterr()
     assert "Grades (CPU)" in captured.out and "fine" in captured.out and "student" in captured.out
     assert f"class report: {tmp_path / store.CLASS_REPORT_HTML}" in captured.out

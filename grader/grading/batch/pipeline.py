@@ -3,7 +3,7 @@ supplies (:mod:`grader.grading.commands.grade`: local grading, Slurm submission,
 :mod:`grader.grading.commands.grade_task`: one Slurm array task, or one share of a batch split over grader
 processes, :mod:`grader.grading.batch.split`).
 
-The sequence: the batch's secret (:func:`batch_secret`), a scratch workspace and the shared context
+The sequence: the batch's secret (:mod:`grader.grading.batch.batch_secret`), a scratch workspace and the shared context
 (:mod:`grader.grading.batch.context`); the submissions prepared; the folder checked to hold this batch or none
 (:mod:`grader.grading.batch.resume`) and nobody else grading it; the batch recorded (``run.json``, each submission's
 record); the tasks left, one per (student, exercise), run on this machine's slots
@@ -14,7 +14,6 @@ or split over one grader process per GPU; the gradebook and the class report reb
 
 from __future__ import annotations
 
-import os
 import secrets
 import sys
 import time
@@ -25,16 +24,18 @@ from pathlib import Path
 from grader.checks.spec import Exercise
 from grader.grading import config
 from grader.grading.batch import gpus, grader_load, markers, profiling, resume, slurm, split, submission
+from grader.grading.batch.batch_secret import Secret
 from grader.grading.batch.context import Context, UsageError, Workspace, choose_sandbox, make_context, signals_held
 from grader.grading.batch.progress import Progress
 from grader.grading.batch.recorder import Recorder
 from grader.grading.batch.scheduler import Scheduler, Task, estimate, niceness, static_estimate
+from grader.grading.batch.summary import summary
 from grader.grading.batch.timeline import Timeline
 from grader.grading.config import RunSettings
 from grader.grading.exercise_run import runner
 from grader.grading.exercise_run.slots import Slot
 from grader.grading.isolation import processes, reaper, threads
-from grader.grading.results import rebuild, reports, store, terminal
+from grader.grading.results import rebuild, reports, store
 from grader.grading.results.results import ERROR, UNREADABLE, ExerciseResult
 
 
@@ -56,45 +57,6 @@ class Batch:
 
 class NotThisBatch(resume.Conflict):
     """The folder holds a batch other than the recorded one this run joins."""
-
-
-@dataclass(frozen=True)
-class Secret:
-    value: str
-    source: str  # "--secret", "$GRADER_SECRET" or the folder's file: what run.json records
-    new: bool = False  # generated now: written to the folder when the batch is opened
-
-
-def batch_secret(options: config.GradeOptions, out: Path, recorded: dict | None = None, *,
-                 folder_only: bool = False) -> Secret:
-    """The secret that seeds the batch's hidden cases: ``--secret``, else ``$GRADER_SECRET``, else the folder's file,
-    else (a batch opened now) a fresh one. Joining the batch ``recorded`` (its run.json) it must be that batch's;
-    ``folder_only`` (a Slurm task) reads only the folder's file, never the job's command or environment."""
-    if folder_only:
-        kept = store.read_secret(out)
-        if not kept or not _is_recorded(kept, recorded or {}):
-            raise UsageError(f"{out / store.SECRET_FILE} is missing or is not the batch's secret")
-        return Secret(kept, store.SECRET_FILE)
-    found = None
-    if options.secret:
-        found = Secret(options.secret, "--secret")
-    elif os.environ.get("GRADER_SECRET"):
-        found = Secret(os.environ["GRADER_SECRET"], "$GRADER_SECRET")
-    elif kept := store.read_secret(out):
-        found = Secret(kept, store.SECRET_FILE)
-    if recorded is None:  # a batch opened now: open_batch checks it against what the folder holds
-        return found or Secret(secrets.token_hex(16), store.SECRET_FILE, new=True)
-    if found is None:
-        raise UsageError(f"{out}: the run's secret came from {recorded.get('secret')}: give it again "
-                         "(--secret or $GRADER_SECRET)")
-    if not _is_recorded(found.value, recorded):
-        raise UsageError(f"{out}: that is not the secret this run was graded with (it came from "
-                         f"{recorded.get('secret')})")
-    return found
-
-
-def _is_recorded(secret: str, recorded: dict) -> bool:
-    return resume.secret_fingerprint(secret, recorded.get("secret_salt", "")) == recorded.get("secret_fingerprint")
 
 
 @dataclass
@@ -419,23 +381,3 @@ def finish(ctx: Context, elapsed: float, title: str, done: int, left: list[Task]
                   graded=done, left=len(left), left_reason=left_reason if left else "")
     summary(ctx, batch, title)
     return batch
-
-
-def summary(ctx: Context, batch: Batch, title: str) -> None:
-    """The batch's result on stdout (the table, and where the class report is), so that it can be piped or saved
-    apart from the progress and diagnostics, which go to stderr."""
-    from rich.console import Console
-
-    console = Console(highlight=False)
-    if not console.is_terminal:
-        console = Console(highlight=False, width=160)  # logs: no wrapping of the table
-    names = list(store.read_run(ctx.out)["exercises"])
-    console.print(terminal.summary_table(batch.reports, names, title=f"{title} ({batch.device})"))
-    console.print(f"graded {batch.graded} exercise run(s) in {batch.elapsed_s:.1f} s ({ctx.settings.random_cases} "
-                  f"random case(s) per part); class report: {ctx.out / store.CLASS_REPORT_HTML}")
-    ungradable = [(r.student, r.ungradable) for r in batch.reports if r.ungradable]
-    if ungradable:
-        errors = Console(stderr=True, highlight=False, soft_wrap=True)  # a reason is never cut into lines
-        errors.print(f"[red]{len(ungradable)} submission(s) had nothing that could be graded:[/]")
-        for student, reason in ungradable:
-            errors.print(f"  {student}: {reason}", markup=False)

@@ -36,6 +36,7 @@ from pathlib import Path
 from grader.grading import config
 from grader.grading.batch import exits, gpus, resume, slurm, submission
 from grader.grading.batch import pipeline as batch_mod
+from grader.grading.batch.batch_secret import batch_secret
 from grader.grading.batch.context import Terminated, UsageError, select_exercises
 from grader.grading.batch.pipeline import Batch
 from grader.grading.batch.scheduler import Task
@@ -193,7 +194,7 @@ def grade(paths: list[str], *, out: Path, options: config.GradeOptions, title: s
 
 def _grade(paths: list[str], *, out: Path, options: config.GradeOptions, title: str,
            solutions_id: str | None) -> Batch:
-    secret = batch_mod.batch_secret(options, out)
+    secret = batch_secret(options, out)
     settings = None if options.slurm is None else config.slurm_settings(config.load_course(options.course),
                                                                         options.slurm)
 
@@ -228,7 +229,7 @@ def _resumed_note(total: int, pending: int) -> str:
 def regrade_errors(out: Path, *, options: config.GradeOptions) -> Batch:
     """Run again exactly the parts of ``out`` that need a regrade, with the run's secret and settings."""
     recorded = batch_mod.recorded_run(out)
-    secret = batch_mod.batch_secret(options, out, recorded)
+    secret = batch_secret(options, out, recorded)
     options = batch_mod.recorded_options(recorded, options)
 
     def prepare(ctx: batch_mod.Context, workdir: Path) -> list[submission.Submission]:

@@ -22,6 +22,7 @@ from pathlib import Path
 from grader.grading import config
 from grader.grading.batch import exits, resume, slurm
 from grader.grading.batch import pipeline as batch_mod
+from grader.grading.batch.batch_secret import batch_secret
 from grader.grading.batch.context import Terminated
 from grader.grading.results import rebuild, store
 
@@ -71,7 +72,7 @@ def run_array_task(out: Path, tasks_file: Path, index: int) -> int:
     try:
         recorded = batch_mod.recorded_run(out)
         student = json.loads(tasks_file.read_text())["students"][index]["student"]
-        secret = batch_mod.batch_secret(config.GradeOptions(), out, recorded, folder_only=True)
+        secret = batch_secret(config.GradeOptions(), out, recorded, folder_only=True)
         cpus = os.environ.get("SLURM_CPUS_PER_TASK")  # on the CPU, as many workers as the task has CPUs
         jobs = int(cpus) if cpus and cpus.isdigit() and recorded.get("device_kind") == "cpu" else None
         options = batch_mod.recorded_options(recorded, config.GradeOptions(jobs=jobs, gpus="all"))
@@ -102,7 +103,7 @@ def run_share(out: Path, students_file: Path, *, secret: str, jobs: int | None, 
     runs = frozenset((entry["student"], exercise) for entry in listed for exercise in entry["exercises"])
     options = batch_mod.recorded_options(recorded, config.GradeOptions(
         jobs=jobs, gpus="all", profile=profile, secret=secret, processes=1, keep_work=keep_work))
-    found = batch_mod.batch_secret(options, out, recorded)
+    found = batch_secret(options, out, recorded)
     batch = batch_mod.run_batch(out, batch_mod.Plan(
         options, found,
         lambda ctx, workdir: [batch_mod.reprepare(out, s, workdir / f"sub{i}", ctx.selected)
