@@ -431,3 +431,29 @@ def test_pytest_header_line_names_the_thresholds(tmp_path, monkeypatch):
         f"speed thresholds: {path} (calibrated on NVIDIA H100 80GB HBM3)")
     path.write_text("format = 2\n")
     assert "'format' must be 1" in credit.thresholds_summary("NVIDIA Z9000")
+
+
+def test_grader_bench_times_each_benchmark_in_process_and_drops_a_broken_optional_baseline(monkeypatch):
+    """``grader bench``'s table: each benchmark recorded and timed in this process with the student's own call beside
+    its replay (``--in-process``); an optional baseline that raises is dropped and the benchmark measured again."""
+    clock = FakeClock()
+    part = _toy_part(clock)
+    calls: list[tuple[str, list[str], list[str]]] = []
+
+    def measure_replayed(part_, module, bench_, *, budget_s, baselines, extra):
+        calls.append((bench_.label, list(baselines), sorted(extra)))
+        if "copy" in baselines:
+            return measure.BenchmarkTiming(bench_.label, error="the baseline 'copy' raised OSError: no",
+                                           failed_baseline="copy")
+        return measure.BenchmarkTiming(bench_.label)
+
+    monkeypatch.setattr(bench, "measure_replayed", measure_replayed)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "fake GPU")
+    monkeypatch.setattr(bench.probes, "roofline", lambda dtypes: {})
+    logged: list[str] = []
+    result = bench.measure_part_table(part.exercise, part, _module(clock, 1.0), baselines=None, budget_s=1.0,
+                                      in_process=True, log=logged.append)
+    assert calls == [("n1024", ["torch", "copy", "extra"], [bench.IN_PROCESS]),
+                     ("n1024", ["torch", "extra"], [bench.IN_PROCESS])]
+    assert [r.label for r in result["rows"]] == ["n1024"] and not result["rows"][0].error
+    assert any("dropping the baseline 'copy'" in line for line in logged)

@@ -47,6 +47,7 @@ from grader.speed import (
     thresholds,
     workload,
 )
+from grader.speed.in_process import measure_replayed
 
 YOURS = "yours"
 IN_PROCESS = "yours (in-process)"  # --in-process: the student's call itself, timed beside its replay
@@ -146,13 +147,12 @@ def measure_part_table(exercise: Exercise, part: Part, module, *, baselines: lis
         for i in range(rounds):
             log(f"  {exercise.name} {part.name} {bench.label}" + (f" (round {i + 1} of {rounds})" if rounds > 1 else "")
                 + " ...")
-            row = in_process.measure_replayed(part, module, bench, budget_s=budget_s, baselines=names, extra=extra)
+            row = measure_replayed(part, module, bench, budget_s=budget_s, baselines=names, extra=extra)
             failed = row.failed_baseline
             while failed and failed != part.speed_baseline:  # an optional baseline broke: drop it, measure again
                 log(f"  dropping the baseline {failed!r}: {row.error.splitlines()[0]}")
                 names.remove(failed)
-                row = in_process.measure_replayed(part, module, bench, budget_s=budget_s, baselines=names,
-                                               extra=extra)
+                row = measure_replayed(part, module, bench, budget_s=budget_s, baselines=names, extra=extra)
                 failed = row.failed_baseline
             measured.append(row)
             if row.error:
