@@ -31,7 +31,7 @@ from grader.grading.config import RunSettings
 from grader.grading.exercise_run import plan as plan_mod
 from grader.grading.exercise_run import references, supervise
 from grader.grading.exercise_run.slots import Slot
-from grader.grading.isolation import protocol
+from grader.grading.isolation import bytecode, protocol
 from grader.grading.results import store
 from grader.speed.plan import LaunchPlan
 
@@ -138,11 +138,8 @@ def record(exercise: Exercise, root: Path, *, settings: RunSettings, slot: Slot 
 
 def default_cache() -> Path:
     """The user's cache folder for recordings (``$XDG_CACHE_HOME/grader/yardstick``, else ``~/.cache/...``): no
-    sandbox sees it."""
-    import os
-
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "grader" / "yardstick"
+    sandbox sees it (they see the bytecode folder beside it only)."""
+    return bytecode.grader_cache() / "yardstick"
 
 
 def _cache_file(folder: Path | None, exercise: Exercise, root: Path, slot: Slot | None) -> Path | None:

@@ -77,10 +77,15 @@ _lock = threading.Lock()
 _prepared: dict[tuple[str, str], Path | None] = {}
 
 
+def grader_cache() -> Path:
+    """The grader's folder in the user's cache (``$XDG_CACHE_HOME/grader``, else ``~/.cache/grader``)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "grader"
+
+
 def cache_dir() -> Path:
     """Where the bytecode is kept: the user's cache folder, per Python version."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "grader" / "pycache" / sys.implementation.cache_tag
+    return grader_cache() / "pycache" / sys.implementation.cache_tag
 
 
 def for_sandbox() -> Path | None:
