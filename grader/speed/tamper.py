@@ -35,7 +35,7 @@ def _targets() -> dict[str, tuple[Any, str]]:
     import torch
     import triton.testing
 
-    from grader.speed import clocks, measure, primitives, stats, timing
+    from grader.speed import clocks, measure, primitives, stats, student_calls, timing
 
     this = sys.modules[__name__]
     found: dict[str, tuple[Any, str]] = {
@@ -55,7 +55,7 @@ def _targets() -> dict[str, tuple[Any, str]]:
         found[f"statistics.{attr}"] = (statistics, attr)
     for attr in ("sorted", "min", "max", "sum", "len", "float", "int", "isinstance"):
         found[f"builtins.{attr}"] = (builtins, attr)
-    for module in (timing, stats, clocks, this, measure, primitives):
+    for module in (timing, stats, clocks, this, measure, student_calls, primitives):
         prefix = module.__name__
         for attr, value in vars(module).items():
             if getattr(value, "__module__", None) == module.__name__ and (callable(value) or isinstance(value, type)):
