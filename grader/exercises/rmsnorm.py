@@ -113,11 +113,8 @@ def forward_cases(device: str) -> st.SearchStrategy[Case]:
 
 
 def backward_cases(device: str) -> st.SearchStrategy[Case]:
-    # Rows of 1 to 3 elements make dx ill-conditioned: for H = 1, dx = w·dy·eps/(x² + eps)^1.5, which
-    # every kernel computes as rstd·w·dy·(1 − x̂²) — a difference of terms up to rstd ~ 1/|x| times
-    # larger than dx, so fp32 rounding is amplified without bound as |x| shrinks (measured: ~1e-5 of
-    # the elements miss atol 1e-5 at H = 1, 2; none from H = 4). Random cases use H >= 4; the
-    # (1, 1) example (|x| ~ 1) still checks that a single element works. Rows: see BACKWARD_TOLERANCES.
+    # Rows of 1 to 3 elements make dx ill-conditioned in fp32 (docs/decisions/0011-benchmark-shapes.md):
+    # random cases use H >= 4; the (1, 1) example still checks a single element. Rows: see BACKWARD_TOLERANCES.
     return _cases(device, BACKWARD_VALUES, min_h=4, max_rows=1024)
 
 
@@ -293,10 +290,8 @@ EXERCISE = Exercise(
             baselines=BACKWARD_BASELINES,
             speed_baseline="torch",
             reference_launches=3,
-            # Not speed-graded: on an H200 the reference's forward+backward ratio to the baseline varied
-            # with a CV of 6-17% across 10 runs (the call includes autograd's host-side overhead, which is
-            # comparable to the ~0.3 ms of device time), so no threshold could be fair. `grader bench`
-            # still reports it.
+            # Not speed-graded: autograd's host-side overhead is comparable to the call's device time, so its
+            # ratio is too unstable to credit (docs/decisions/0011-benchmark-shapes.md). `grader bench` reports it.
             speed_points=0,
         ),
     ),
