@@ -30,6 +30,7 @@ from grader.grading.exercise_run import runner
 from grader.grading.isolation import bwrap, processes
 from grader.grading.results.results import NEEDS_REGRADE
 
+from .gates import until
 from .sandboxing import live_processes_with, require_sandbox
 
 pytestmark = pytest.mark.slow  # sandboxed batches: about two minutes on 2 cores
@@ -264,7 +265,8 @@ def hostile(tmp_path_factory):
     out, done = _hostile_batch(tmp, unsandboxed=False)
     alive = {m: live_processes_with(m) for m in MARKERS}  # the moment `grader grade` has returned
     gradebook = (out / "grades.csv").read_text()
-    time.sleep(3.0)  # a surviving late writer writes within 0.2 s of its parent's end
+    if alive["late_writer-fixture"]:  # it writes within 0.2 s of its parent's end, then ends: the test reads after
+        until(lambda: not live_processes_with("late_writer-fixture"), "the surviving late writer ends")
     return tmp, out, done, alive, gradebook
 
 
@@ -332,10 +334,8 @@ def test_without_the_sandbox_the_same_attacks_succeed(tmp_path):
     assert json.loads((out / "students" / "victim_next" / "results.json").read_text())["score"] == 0
     hunted = _log(out, "secret_hunter")
     assert all(s in hunted for s in (ARGV_SECRET, ENV_SECRET, FILE_SECRET)), hunted
-    end = time.monotonic() + 20  # it writes once the grader has exited: if it does, it outlived the batch
-    while "LATE WRITER" not in (out / "grades.csv").read_text() and time.monotonic() < end:
-        time.sleep(0.2)
-    assert "LATE WRITER" in (out / "grades.csv").read_text()
+    # it writes once the grader has exited: if it does, it outlived the batch
+    until(lambda: "LATE WRITER" in (out / "grades.csv").read_text(), "the late writer wrote the gradebook")
     run = json.loads((out / "run.json").read_text())
     assert run["unsandboxed"] is True and run["sandbox"].startswith("WITHOUT a sandbox")
     assert "WITHOUT a sandbox" in (out / "students" / "victim_next" / "report.md").read_text()
@@ -347,11 +347,14 @@ def _options(**changes) -> config.GradeOptions:
     return config.GradeOptions(**{**values, **changes})
 
 
+@pytest.mark.realtime
 def test_a_child_holding_the_pipes_does_not_stretch_the_time_limit(tmp_path):
+    """The holder keeps the pipes for 300 s: a run that waited for them would take that long. The bounds leave a
+    loaded machine a minute beyond the limit."""
     require_sandbox()
     holder = _submission(tmp_path / "pipe_holder", SOLUTION + PIPE_HOLDER.format())
     hanging = _submission(tmp_path / "pipe_holder_hang", PIPE_HOLDER.format() + HANG)
-    limit = 20.0
+    limit, slack = 20.0, 60.0
     start = time.monotonic()
     batch = grade_cmd.grade([str(holder), str(hanging)], out=tmp_path / "out", options=_options(timeout_s=limit))
     elapsed = time.monotonic() - start
@@ -359,12 +362,12 @@ def test_a_child_holding_the_pipes_does_not_stretch_the_time_limit(tmp_path):
     results = {r.student: r.exercises[0] for r in batch.reports}
     score, result = results["pipe_holder_hang"]
     assert "ATTACK holds pipes" in result.log
-    assert result.elapsed_s < limit + 8, f"the {limit:g} s limit took {result.elapsed_s:.1f} s"
+    assert 0 < result.elapsed_s < limit + slack, f"the {limit:g} s limit took {result.elapsed_s:.1f} s"
     assert score.score == 0 and f"timed out after {limit:g} s" in result.parts[0].message + "".join(result.problems)
     score, result = results["pipe_holder"]
     assert "ATTACK holds pipes" in result.log and "killed 1 process(es) it left running" in result.log
-    assert score.score == pytest.approx(score.max_score) and result.elapsed_s < limit + 8
-    assert elapsed < 2 * (limit + 8)
+    assert score.score == pytest.approx(score.max_score) and 0 < result.elapsed_s < limit + slack
+    assert elapsed < 2 * (limit + slack)  # both runs at once (two jobs), each within its limit
 
 
 RESERVED = ["grades.csv", "run.json", "secret.txt", "staff", "students", "..", ".", "report.md", "x" * 300]
@@ -494,9 +497,7 @@ def test_a_sandboxed_process_tree_ends_with_the_run(tmp_path):
     open_fds = len(os.listdir("/proc/self/fd"))
     process = processes.Process(argv, cwd=str(tmp_path), env={}, rss_limit_bytes=None, output_cap=4096,
                                 pid_namespace=True)
-    end = time.monotonic() + 30
-    while len(live_processes_with("pipe_holder-fixture")) < 2 and time.monotonic() < end:
-        time.sleep(0.1)
+    until(lambda: len(live_processes_with("pipe_holder-fixture")) >= 2, "both sleepers started")
     assert len(live_processes_with("pipe_holder-fixture")) == 2
     assert process.namespace() is not None
     outcome = process.stop(timed_out=True)

@@ -5,12 +5,7 @@ committed once a batch stops."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import threading
-import time
-from dataclasses import replace
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -20,8 +15,10 @@ from grader import exercises
 from grader.grading.batch import gpus, scheduler
 from grader.grading.batch.scheduler import Scheduler, Task
 from grader.grading.exercise_run.slots import Slot
+from grader.grading.isolation.gpu_arbiter import GpuArbiter
 from grader.grading.results.results import GRADED, ExerciseResult
-from tests.gates import ThreadProcess
+from tests.gates import HANG_S, ThreadProcess, asked_turns, until, waiting_in
+from tests.manual_clock import ManualClock
 
 GELU = exercises.get("gelu")
 FAKE = [gpus.Gpu(i, "Fake H100", f"GPU-fake-{i}", str(i)) for i in range(4)]
@@ -94,34 +91,68 @@ def test_longest_work_first():
 
 
 def test_every_gpu_is_used_each_worker_is_pinned_and_never_two_timed_runs_share_a_gpu():
+    """The first two runs of each GPU (all eight places at once) meet inside a correctness item. Then the first of
+    each two takes its turn alone while the second is inside an item, which ends once the turn waits for it to pause
+    (or, had the turn been granted regardless, once the timed rounds have begun); the timed rounds go on until the
+    second's turn is queued (or, had it been granted beside them, has begun). Later runs just run."""
+    clock = ManualClock()
     slots = gpus.gpu_slots("all", 2, available=FAKE, current=0)  # two exercise runs per GPU
+    for slot in slots:
+        slot.arbiter = GpuArbiter(clock=clock)  # a turn waiting for a process to pause is seen on the clock
     log = _Log()
     busy = {s.name: [0, 0] for s in slots}  # (runs inside, timed runs inside)
     worst = {s.name: [0, 0, 0] for s in slots}  # most runs at once, most timed at once, timed beside others
     guard = threading.Lock()
+    first_runs = threading.Barrier(8, timeout=HANG_S)
+    started: list[tuple[str, str]] = []  # (run, GPU), in the order the runs started
+    timed: dict[str, threading.Event] = {}  # set once a run's timed rounds have begun
 
-    def section(slot, timed):
+    def section(slot, timed_rounds: threading.Event | None = None, meet=None):
         with guard:
             busy[slot.name][0] += 1
-            busy[slot.name][1] += timed
+            busy[slot.name][1] += timed_rounds is not None
             runs, timed_now = busy[slot.name]
             w = worst[slot.name]
             w[0], w[1] = max(w[0], runs), max(w[1], timed_now)
             if timed_now and runs > 1:
                 w[2] += 1
-        time.sleep(0.01)
+        if timed_rounds is not None:
+            timed_rounds.set()
+        if meet is not None:
+            meet()
         with guard:
             busy[slot.name][0] -= 1
-            busy[slot.name][1] -= timed
+            busy[slot.name][1] -= timed_rounds is not None
+
+    def first_two(key: str, slot) -> list[str]:
+        """The first two runs on ``slot``, in the order they started, if ``key`` is one of them."""
+        two = [k for k, s in started[:8] if s == slot.name]
+        return two if key in two else []
 
     def grade(task, slot):
         assert dict(slot.env) == {"CUDA_VISIBLE_DEVICES": str(slot.device["index"])}
-        process = ThreadProcess(slot.arbiter, task.key)  # a worker on the slot's GPU
-        with process.gate.use():
-            for _ in range(3):  # correctness items share the GPU, the timed rounds have it alone
-                section(slot, timed=False)
+        key, timed[task.key] = task.key, threading.Event()
+        with guard:
+            started.append((key, slot.name))
+            first = len(started) <= 8
+        process = ThreadProcess(slot.arbiter, key)  # a worker on the slot's GPU
+        with process.gate.use():  # correctness items share the GPU, the timed rounds have it alone
+            section(slot, meet=first_runs.wait if first else None)
+            two = first_two(key, slot)
+            section(slot)
+            if two[1:] == [key]:
+                section(slot, meet=lambda: until(
+                    lambda: clock.deadline_of(process.client.drained) is not None or timed[two[0]].is_set(),
+                    "the other run's turn waits for this item"))
+            else:
+                section(slot)
             with process.gate.alone():
-                section(slot, timed=True)
+                if two[:1] == [key]:
+                    section(slot, timed[key], meet=lambda: until(
+                        lambda: asked_turns(slot.arbiter) > 0 or timed[two[1]].is_set(),
+                        "the other run asks for its turn"))
+                else:
+                    section(slot, timed[key])
         process.die()
         return _ok(task, slot)
 
@@ -129,7 +160,7 @@ def test_every_gpu_is_used_each_worker_is_pinned_and_never_two_timed_runs_share_
     assert len(log.committed) == 32
     assert {r.device["index"] for _, r in log.committed} == {0, 1, 2, 3}
     assert all(w[1] == 1 and w[2] == 0 for w in worst.values()), worst  # a timed run is alone on its GPU
-    assert max(w[0] for w in worst.values()) == 2  # correctness did share
+    assert all(w[0] == 2 for w in worst.values()), worst  # correctness did share
 
 
 def test_a_run_whose_workers_have_ended_gives_its_place_to_the_next_while_it_waits_for_its_timer():
@@ -138,46 +169,88 @@ def test_a_run_whose_workers_have_ended_gives_its_place_to_the_next_while_it_wai
     that never says so holds its place to its end."""
     slots = [Slot("cpu-0", {"kind": "cpu"}, capacity=2)]
     lock, log = threading.Lock(), _Log()
-    with_workers, tails, worst = set(), set(), [0, 0]  # most with workers at once, most runs at once
-    first_tail_started = threading.Event()
+    started, with_workers, running = [], set(), set()
+    worst = [0, 0]  # most with workers at once, most runs at once
+    workers_end = {f"s{i}": threading.Event() for i in range(8)}  # the test ends each run's steps
+    timer_ends = {f"s{i}": threading.Event() for i in range(8)}
+    holding: list[threading.Event] = []  # the steps runs are inside, waiting for the test to end them
+
+    def step(ends: threading.Event) -> None:
+        with lock:
+            holding.append(ends)
+        ends.wait(HANG_S)
+        with lock:
+            holding.remove(ends)
 
     def grade(task, slot):
         with lock:
+            started.append(task.student)
+            running.add(task.student)
             with_workers.add(task.student)
-            worst[0] = max(worst[0], len(with_workers))
-            worst[1] = max(worst[1], len(with_workers | tails))
-        time.sleep(0.05)  # its workers
+            worst[0], worst[1] = max(worst[0], len(with_workers)), max(worst[1], len(running))
+        step(workers_end[task.student])
         with lock:
             with_workers.discard(task.student)
-            if task.student != "s0":  # s0 never says so: its place is its own until it ends
-                tails.add(task.student)
-        if task.student != "s0":
+        if task.student != "s0":  # s0 never says so: its place is its own until it ends
             task.workers_ended()
             task.workers_ended()  # a second call gives nothing back twice
-        first_tail_started.set()
-        time.sleep(0.3)  # waiting for its timer
+        step(timer_ends[task.student])
         with lock:
-            tails.discard(task.student)
+            running.discard(task.student)
         return _ok(task, slot)
 
-    started = time.monotonic()
-    Scheduler(slots, grade, log.commit).run(_tasks(8))
-    elapsed = time.monotonic() - started
+    sched = Scheduler(slots, grade, log.commit)
+    runner = threading.Thread(target=sched.run, args=(_tasks(8),))
+    runner.start()
+    threads = scheduler.TAIL_RUNS_PER_PLACE * slots[0].capacity
+
+    def settled() -> list[str]:
+        """The runs started so far, once each of the slot's threads waits: inside a run, for the test to end a
+        step, or for a task it may start."""
+
+        def still() -> bool:
+            with lock:
+                waiting = len(holding) == len(running) and not any(ends.is_set() for ends in holding)
+                return waiting and waiting_in(sched._cond) == threads - len(running)
+
+        until(still, "the scheduler settles")
+        return list(started)
+
+    assert settled() == ["s0", "s1"]  # two places
+    workers_end["s1"].set()
+    assert settled() == ["s0", "s1", "s2"]  # s1 waits for its timer: s2 takes its place
+    workers_end["s2"].set()
+    assert settled() == ["s0", "s1", "s2", "s3"]
+    workers_end["s3"].set()
+    workers_end["s0"].set()
+    assert settled() == ["s0", "s1", "s2", "s3"]  # a place is free (s3's), a thread is not
+    timer_ends["s1"].set()
+    assert settled() == ["s0", "s1", "s2", "s3", "s4"]
+    timer_ends["s2"].set()
+    assert settled() == ["s0", "s1", "s2", "s3", "s4"]  # a thread is free; s0 holds its place to its end
+    timer_ends["s0"].set()
+    assert settled() == ["s0", "s1", "s2", "s3", "s4", "s5"]
+    for ends in (*workers_end.values(), *timer_ends.values()):
+        ends.set()
+    runner.join(HANG_S)
     assert len(log.committed) == 8
     assert worst == [2, 4]  # never more than the capacity with workers; the tails overlapped them
-    assert elapsed < 8 * 0.35 / 2 - 0.2, elapsed  # the tails overlapped the next runs' workers
 
 
 def test_a_gpu_that_fails_is_taken_out_and_its_work_runs_elsewhere():
     slots = gpus.gpu_slots("all", 1, available=FAKE[:3], current=0)
     log, failures, ran_on = _Log(), [], []
     dead = {"cuda:1"}
+    first_runs = threading.Barrier(3, timeout=HANG_S)  # one run on each GPU: the failing one gets work
 
     def grade(task, slot):
-        ran_on.append((task.student, slot.name))
+        with log.lock:
+            ran_on.append((task.student, slot.name))
+            first = len(ran_on) <= 3
+        if first:
+            first_runs.wait()
         if slot.name in dead:
             return _ok(task, slot, problems=["crashed with SIGSEGV while running the forward example case"])
-        time.sleep(0.01)
         return _ok(task, slot)
 
     def probe(slot):
@@ -227,20 +300,21 @@ def test_a_task_whose_gpus_keep_failing_needs_a_regrade():
 
 def test_nothing_is_committed_once_the_batch_stops():
     log = _Log()
-    started = threading.Event()
+    started, stopped = threading.Event(), threading.Event()
 
     def grade(task, slot):
         started.set()
-        time.sleep(0.3)
+        stopped.wait(HANG_S)  # still grading when the batch stops
         return _ok(task, slot)
 
     sched = Scheduler([Slot("cpu-0", {"kind": "cpu"})], grade, log.commit)
     runner = threading.Thread(target=sched.run, args=(_tasks(3),))
     runner.start()
-    started.wait(5)
+    assert started.wait(HANG_S)
     sched.stop()
-    runner.join(5)
-    assert log.committed == []
+    stopped.set()
+    runner.join(HANG_S)
+    assert not runner.is_alive() and log.committed == []
 
 
 def test_estimates_from_the_spec_and_from_history():
@@ -286,147 +360,3 @@ def test_a_batch_gives_each_run_the_niceness_of_its_estimate(tmp_path, monkeypat
     static = [scheduler.static_estimate(e, device="cpu", random_cases=5, speed_budget_s=10.0) for e in (fa, gelu)]
     assert seen == {"flash_attention": {0}, "gelu": {scheduler.niceness(static[1], static[0])}}
     assert scheduler.niceness(static[1], static[0]) > 0
-
-
-# ------------------------------------------------------------------------------------------ with workers
-
-PRINT_NICE = '''
-import os
-print("NICE", os.nice(0), flush=True)
-'''
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("nice", [0, 6])
-def test_a_runs_workers_and_what_the_student_starts_run_at_its_niceness(tmp_path, nice):
-    from grader.grading import config
-    from grader.grading.exercise_run import runner
-
-    (tmp_path / "sub" / "gelu").mkdir(parents=True)
-    (tmp_path / "sub" / "gelu" / "gelu.py").write_text(PRINT_NICE)
-    settings = config.resolve(config.GradeOptions(random_cases=0, timeout_s=60), config.load_course(),
-                              device="cpu", secret="s", workdir=tmp_path)
-    result = runner.grade_exercise(GELU, tmp_path / "sub", settings=replace(settings, nice=nice),
-                                   scratch=tmp_path / "scratch")
-    assert f"NICE {os.nice(0) + nice}" in result.log
-
-PRINT_PIN = '''
-import os
-print("PIN", os.environ.get("CUDA_VISIBLE_DEVICES"), flush=True)
-from solutions_gelu import gelu  # noqa: F401  (not importable: the worker sees only the grader package)
-'''
-
-
-@pytest.mark.slow
-def test_the_slot_pins_the_worker_and_the_result_names_its_gpu(tmp_path):
-    from grader.grading import config
-    from grader.grading.exercise_run import runner
-
-    (tmp_path / "sub" / "gelu").mkdir(parents=True)
-    (tmp_path / "sub" / "gelu" / "gelu.py").write_text(PRINT_PIN)
-    settings = config.resolve(config.GradeOptions(random_cases=0, timeout_s=60), config.load_course(),
-                              device="cpu", secret="s", workdir=tmp_path)
-    slot = gpus.gpu_slots("2", 1, available=FAKE, current=0)[0]
-    result = runner.grade_exercise(GELU, tmp_path / "sub", settings=settings, scratch=tmp_path / "scratch", slot=slot)
-    assert "PIN 2" in result.log
-    assert result.device == {"kind": "cuda", "name": "Fake H100", "index": 2, "uuid": "GPU-fake-2"}
-
-
-@pytest.mark.slow
-def test_a_worker_waiting_for_the_gpu_is_not_charged_for_it(tmp_path, monkeypatch):
-    """A real worker connected to its GPU's arbiter (the items run by a CPU worker): while another process has the
-    GPU alone for longer than a call may take, the worker waits, and its items still pass — the wait moved its
-    limits on (the grader's, and the worker's own watchdog's)."""
-    from grader.grading import config
-    from grader.grading.exercise_run import plan, supervise
-    from grader.grading.isolation.gpu_arbiter import GpuArbiter
-
-    monkeypatch.setattr(supervise, "GRACE_S", 1.0)
-    settings = config.resolve(config.GradeOptions(random_cases=0, timeout_s=120, call_timeout_s=4.0),
-                              config.load_course(), device="cpu", secret="s", workdir=tmp_path)
-    items = [it for it in plan.plan(GELU, device="cpu", secret="s", random_cases=0, speed_budget_s=0.1)
-             if it.role == "example"][:2]
-    arbiter = GpuArbiter()
-    (tmp_path / "scratch").mkdir()
-    with arbiter.alone():  # the worker starts paused
-        result: list = []
-        t = threading.Thread(target=lambda: result.append(supervise.run(
-            GELU, Path(__file__).resolve().parents[1] / "solutions", items, settings, scratch=tmp_path / "scratch",
-            arbiter=arbiter)))
-        t.start()
-        time.sleep(settings.call_timeout_s + supervise.GRACE_S + 2)
-    t.join(60)
-    (run,) = result
-    assert set(run.replies) == {it.id for it in items} and not run.failed, (run.failed, run.problems)
-
-
-@pytest.mark.slow
-def test_a_batch_on_fake_gpus_moves_the_work_of_a_failed_gpu_and_says_so(tmp_path, monkeypatch):
-    """The whole batch (grade() → scheduler → workers → reports) with two fake GPUs on the CPU: the first
-    health check after a crash fails, so that GPU leaves the pool and the crashed task runs on the other."""
-    from grader.grading import config
-    from grader.grading.batch import pipeline as batch_mod
-    from grader.grading.commands import grade as grade_cmd
-    from grader.grading.results import store
-
-    repo = Path(__file__).resolve().parents[1]
-    shutil.copytree(repo / "solutions", tmp_path / "alice")
-    (tmp_path / "sam" / "gelu").mkdir(parents=True)
-    (tmp_path / "sam" / "gelu" / "gelu.py").write_text("import ctypes\nctypes.string_at(0)\n")  # crashes at import
-    monkeypatch.setattr(batch_mod, "local_slots", lambda ctx, options: gpus.gpu_slots("all", 1, available=FAKE[:2],
-                                                                                        current=0))
-    probes = []
-
-    def probe(slot):
-        probes.append(slot.name)
-        return "health check failed: CUDA is not available" if len(probes) == 1 else None
-
-    monkeypatch.setattr(gpus, "probe_slot", probe)
-    out = tmp_path / "out"
-    batch = grade_cmd.grade([str(tmp_path / n) for n in ("alice", "sam")], out=out,
-                            options=config.GradeOptions(exercises=("gelu",), random_cases=0, secret="s"))
-    assert batch.left == 0 and len(probes) == 2 and probes[0] != probes[1]
-    (failure,) = store.gpu_failures(out)
-    assert failure["slot"] == probes[0] and failure["task"] == "sam gelu"
-    results = {s: store.load_exercises(out, s)["gelu"] for s in ("alice", "sam")}
-    assert all(r.device["kind"] == "cuda" and r.device["name"] == "Fake H100" for r in results.values())
-    sam = results["sam"]
-    assert f"cuda:{sam.device['index']}" == probes[1] and "crashed with SIGSEGV" in sam.problems[0]
-    assert sam.device["replaces"] == [f"{probes[0]} (Fake H100, GPU-fake-{probes[0][-1]}): {failure['reason']}"]
-    report = (out / "students" / "sam" / "report.md").read_text()
-    assert f"on GPU {sam.device['index']} (Fake H100, GPU-fake-{sam.device['index']}), graded again there" in report
-    assert "GPUs taken out of the pool" in (out / store.CLASS_REPORT_HTML).read_text()
-
-
-@pytest.mark.slow
-def test_a_slow_judge_never_keeps_the_worker_waiting(tmp_path):
-    """Replies are judged beside the worker: with every verdict taking 0.6 s, the worker gets each next request as
-    soon as it replies (its idle time stays a small fraction of the judging), every reply is judged in the order
-    the items ran, and a judge that raises still ends the run with the grader's fault."""
-    from grader.grading import config
-    from grader.grading.exercise_run import plan, supervise
-
-    settings = config.resolve(config.GradeOptions(random_cases=5, timeout_s=120), config.load_course(),
-                              device="cpu", secret="s", workdir=tmp_path)
-    items = [it for it in plan.plan(GELU, device="cpu", secret="s", random_cases=5, speed_budget_s=0.1)
-             if it.role in ("example", "random")][:8]
-    (tmp_path / "scratch").mkdir()
-    judged: list[str] = []
-
-    def slow_judge(item, request, reply):
-        time.sleep(0.6)
-        judged.append(item.id)
-
-    run = supervise.run(GELU, Path(__file__).resolve().parents[1] / "solutions", items, settings,
-                        scratch=tmp_path / "scratch", on_reply=slow_judge)
-    assert judged == [it.id for it in items] and set(run.replies) == set(judged), (run.failed, run.problems)
-    assert run.profile["judge (grader)"] >= 0.6 * len(items)
-    assert run.profile[supervise.IDLE] < 0.1 * run.profile["judge (grader)"], run.profile
-
-    def faulty_judge(item, request, reply):
-        if item is items[1]:
-            raise RuntimeError("a bug of the judge")
-
-    with pytest.raises(RuntimeError, match="a bug of the judge"):
-        supervise.run(GELU, Path(__file__).resolve().parents[1] / "solutions", items[:4], settings,
-                      scratch=tmp_path / "scratch", on_reply=faulty_judge)

@@ -32,9 +32,10 @@ import contextlib
 import os
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Protocol
+
+from grader.checks.host_clock import MONOTONIC, HostClock
 
 
 class Watch(Protocol):
@@ -68,10 +69,12 @@ NO_GATE = NoGate()
 
 class Gate(NoGate):
     """A process's end of its GPU's arbiter (see the module docstring). ``watch`` (the worker's watchdog) is told
-    when the process starts and stops waiting for the GPU — paused, or waiting for it alone: not its own time."""
+    when the process starts and stops waiting for the GPU — paused, or waiting for it alone: not its own time.
+    ``clock`` times those waits (:attr:`paused_s`)."""
 
     def __init__(self, from_arbiter: int, to_arbiter: int, *, watch: Watch | None = None,
-                 synchronize: Callable[[], None] | None = None):
+                 synchronize: Callable[[], None] | None = None, clock: HostClock = MONOTONIC):
+        self._clock = clock
         self._read_fd, self._write_fd = from_arbiter, to_arbiter
         self._synchronize = synchronize or _synchronize  # waits for this process's GPU work, before "paused"
         self._cond = threading.Condition()
@@ -129,14 +132,14 @@ class Gate(NoGate):
     @contextlib.contextmanager
     def alone(self) -> Iterator[None]:
         with self.released():  # waiting for the GPU is not using it
-            asked = time.monotonic()
+            asked = self._clock.now()
             self._wait_starts()
             self._send(b"A")
             with self._cond:
                 while not (self._granted or self._closed):
                     self._cond.wait()
                 self._granted = False
-            self._waited(time.monotonic() - asked)
+            self._waited(self._clock.now() - asked)
         try:
             yield
         finally:
@@ -178,13 +181,13 @@ class Gate(NoGate):
             byte = self._read()
             if byte == b"P":
                 with self._cond:
-                    self._paused, self._paused_since = True, time.monotonic()
+                    self._paused, self._paused_since = True, self._clock.now()
                     while self._users > 0:
                         self._cond.wait()
                 self._pause_now()
             elif byte == b"C":
                 with self._cond:
-                    waited = time.monotonic() - self._paused_since if self._paused else 0.0
+                    waited = self._clock.now() - self._paused_since if self._paused else 0.0
                     self._paused = self._wants = False
                     self._cond.notify_all()
                 self._waited(waited)
@@ -201,7 +204,7 @@ class Gate(NoGate):
     def _pause_now(self) -> None:
         with self._cond:
             if not self._paused:
-                self._paused, self._paused_since = True, time.monotonic()
+                self._paused, self._paused_since = True, self._clock.now()
         self._synchronize()  # what this process queued before the pause has finished when the arbiter hears "D"
         self._wait_starts()
         self._send(b"D")

@@ -207,7 +207,6 @@ class Scheduler:
             fault = None
             if slot.is_gpu and self._probe is not None and not self._stopping and suspicious(result):
                 fault = self._probe(slot)
-            task.workers_ended()  # its place, if the run did not give it back earlier
             give_up = False
             with self._cond:
                 self._in_flight -= 1
@@ -216,6 +215,9 @@ class Scheduler:
                     give_up = len(task.failed_on) > self.max_failovers
                     if not give_up:
                         self._push(task)  # again, elsewhere (or left, if no slot is usable any more)
+                # Its place, if the run did not give it back earlier: only now that a failed GPU is marked so,
+                # or the slot's next thread could take a task onto it in between.
+                task.workers_ended()
                 self._cond.notify_all()
             if fault is not None and not give_up:
                 continue

@@ -19,11 +19,11 @@ import contextlib
 import os
 import sys
 import threading
-import time
 from collections import deque
 from collections.abc import Callable, Iterator
 
 from grader.checks.gpu_gate import Gate
+from grader.checks.host_clock import MONOTONIC, HostClock
 
 SLOW_DRAIN_S = 10.0  # a pause that takes longer is said on stderr (diagnostics)
 # Turns asked for while one runs follow it without the others continuing in between, for at most this long: a
@@ -79,7 +79,7 @@ class Client:
 
     def waiting_now(self) -> float:
         """Seconds of :attr:`waited_s`, counting a pause or a wait still under way."""
-        now = time.monotonic()
+        now = self.arbiter.clock.now()
         extra = (now - self._paused_since) if self._paused_since is not None else 0.0
         extra += (now - self._asked_at) if self._asked_at is not None else 0.0
         return self.waited_s + extra
@@ -99,7 +99,7 @@ class Client:
             self._gone()
 
     def _sent(self, byte: bytes) -> None:
-        now = time.monotonic()
+        now = self.arbiter.clock.now()
         if byte == b"P":
             self._pausing = True
             self._pauses_sent += 1
@@ -116,6 +116,7 @@ class Client:
             self._asked_at = None
 
     def _listen(self) -> None:
+        clock = self.arbiter.clock
         while True:
             try:
                 byte = os.read(self._from_process, 1)
@@ -124,18 +125,18 @@ class Client:
             if byte == b"D":
                 with self._send_lock:  # paused from now: until here the process was finishing its own work
                     if self._pausing and self._paused_since is None:
-                        self._paused_since = time.monotonic()
+                        self._paused_since = clock.now()
                     self._pauses_answered += 1
-                    self.drained_at, self.drained_doing = time.monotonic(), self.doing
+                    self.drained_at, self.drained_doing = clock.now(), self.doing
                     if self._pauses_answered >= self._pauses_sent:  # the answer to the latest pause
                         self.drained.set()
                         self._hurry(False)
             elif byte == b"W":
                 with self._send_lock:  # a "W" read after the "C" that answered it is stale
                     if self._pausing and self._wants_since is None:
-                        self._wants_since = time.monotonic()
+                        self._wants_since = clock.now()
             elif byte == b"A":
-                self._asked_at = time.monotonic()
+                self._asked_at = clock.now()
                 self.arbiter._ask(self)
             elif byte == b"R":
                 self.done.set()
@@ -172,9 +173,9 @@ class _Turn:
     """One request for the GPU alone: a process's (granted with ``G``, over when it says ``R`` or dies) or the
     grader's own (:meth:`GpuArbiter.alone`)."""
 
-    def __init__(self, client: Client | None = None):
+    def __init__(self, clock: HostClock, client: Client | None = None):
         self.client = client
-        self.asked = time.monotonic()
+        self.asked = clock.now()
         self.granted = threading.Event()
         self.done = client.done if client is not None else threading.Event()
 
@@ -187,9 +188,11 @@ class _Turn:
 
 class GpuArbiter:
     """The GPU of one slot, shared by its processes and lent to one of them alone at a time (see the module
-    docstring). The counters are for ``grader grade --profile``."""
+    docstring). The counters are for ``grader grade --profile``. ``clock`` times the waits, the turns and the
+    pauses (a test's clock moves only when the test says)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, clock: HostClock = MONOTONIC) -> None:
+        self.clock = clock
         self._cond = threading.Condition()
         self._clients: list[Client] = []
         self._queue: deque[_Turn] = deque()
@@ -198,7 +201,7 @@ class GpuArbiter:
         self.alone_s = 0.0  # held alone, in all
         self.alone_count = 0
         self.alone_by_role: dict[str, float] = {}  # role -> seconds its processes held the GPU alone
-        # (granted, ended) of the turns, time.monotonic(); the latest only, for a server that runs for a term
+        # (granted, ended) of the turns, on the clock; the latest only, for a server that runs for a term
         self.turns: deque[tuple[float, float]] = deque(maxlen=TURNS_KEPT)
         self.drain_s = 0.0  # waiting for the others' GPU work to finish, before each turn
         self.queue_s = 0.0  # requests waiting for their turn (the drain included), in all
@@ -227,14 +230,14 @@ class GpuArbiter:
         """A gate for GPU work of the grader's own process (its float64 references): a client like a process's,
         both ends of whose pipes stay here. ``synchronize`` waits for that work on this GPU (for a pause)."""
         client = self.connect(name, role="grader")
-        gate = Gate(*client.process_fds, synchronize=synchronize)
+        gate = Gate(*client.process_fds, synchronize=synchronize, clock=self.clock)
         client._start_listening()
         return gate
 
     @contextlib.contextmanager
     def alone(self) -> Iterator[None]:
         """The GPU alone for the grader's own code: a turn like a process's."""
-        turn = _Turn()
+        turn = _Turn(self.clock)
         self._enqueue(turn)
         turn.granted.wait()
         try:
@@ -243,7 +246,7 @@ class GpuArbiter:
             turn.done.set()
 
     def _ask(self, client: Client) -> None:
-        self._enqueue(_Turn(client))
+        self._enqueue(_Turn(self.clock, client))
 
     def _enqueue(self, turn: _Turn) -> None:
         with self._cond:
@@ -264,13 +267,13 @@ class GpuArbiter:
                 others = [c for c in self._clients if c is not turn.client and not c.gone]
                 self._paused = list(others)
             self._drain(turn, others)
-            chain_started = time.monotonic()
+            chain_started = self.clock.now()
             while True:
-                granted = time.monotonic()
+                granted = self.clock.now()
                 turn.grant()
                 turn.done.wait()
                 with self._cond:
-                    held = time.monotonic() - granted
+                    held = self.clock.now() - granted
                     self.alone_s += held
                     self.turns.append((granted, granted + held))
                     self._count(self.alone_by_role, turn.client.role if turn.client is not None else "grader", held)
@@ -303,7 +306,7 @@ class GpuArbiter:
     def _next_in_chain(self, chain_started: float) -> _Turn | None:
         """The turn that follows the one just over without the others continuing in between, if one was asked
         for and the chain has not lasted :data:`MAX_CHAIN_S` (called holding the lock)."""
-        return self._pop_live() if time.monotonic() - chain_started < MAX_CHAIN_S else None
+        return self._pop_live() if self.clock.now() - chain_started < MAX_CHAIN_S else None
 
     def _pop_live(self) -> _Turn | None:
         """The first queued turn whose process is still there, if any (called holding the lock)."""
@@ -315,20 +318,20 @@ class GpuArbiter:
 
     def _drain(self, turn: _Turn, others: list[Client]) -> None:
         """Pause ``others`` before ``turn`` and wait until nothing of theirs runs on the GPU."""
-        started = time.monotonic()
+        started = self.clock.now()
         for other in others:
             other.send(b"P")
         hurry_at = started + HURRY_AFTER_S  # those with nothing in flight have answered by then
         for other in others:
-            other.drained.wait(max(0.0, hurry_at - time.monotonic()))
+            self.clock.wait_until(other.drained, hurry_at)
         for other in others:
             other.hurry_up()
         for other in others:
-            if not other.drained.wait(SLOW_DRAIN_S):
+            if not self.clock.wait_until(other.drained, self.clock.now() + SLOW_DRAIN_S):
                 print(f"gpu arbiter: waiting for {other.name} to pause before a turn of "
                       f"{turn.client.name if turn.client else 'the grader'}", file=sys.stderr, flush=True)
                 other.drained.wait()
-        drained = time.monotonic()
+        drained = self.clock.now()
         self.drain_s += drained - started
         last = max(others, key=lambda c: c.drained_at, default=None)
         if last is not None and last.drained_at > started:  # who the turn waited for the longest
