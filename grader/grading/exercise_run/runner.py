@@ -23,6 +23,7 @@ from grader.grading.exercise_run import gpu_references, references, supervise, t
 from grader.grading.exercise_run import plan as plan_mod
 from grader.grading.exercise_run.judging import GRADER_FAULT, ExerciseJudge, grader_error
 from grader.grading.exercise_run.slots import Slot
+from grader.grading.exercise_run.supervised_run import Run
 from grader.grading.isolation import protocol
 from grader.grading.results.results import (
     ERROR,
@@ -88,7 +89,7 @@ def grade_exercise(exercise: Exercise, root: Path, *, settings: RunSettings, scr
                                if timed else None, exercise.name, settings)
         recorded = _Recorded(groups, timer, exercise.name, judge, yardstick)
 
-        def run_group(group: list) -> supervise.Run:
+        def run_group(group: list) -> Run:
             began = time.monotonic()
             try:
                 return supervise.run(exercise, root, group, settings, scratch=scratch, cache_dir=cache_dir,
@@ -102,7 +103,7 @@ def grade_exercise(exercise: Exercise, root: Path, *, settings: RunSettings, scr
             if len(groups) == 1:
                 run = run_group(groups[0])
             else:  # each group in workers of its own, side by side: the exercise takes as long as the longest
-                run = supervise.Run.merged(_side_by_side(groups, run_group))
+                run = Run.merged(_side_by_side(groups, run_group))
             if on_workers_ended is not None:
                 on_workers_ended()
             if run.to_time:  # every process of the student's has ended: one trusted timer times every part
@@ -163,7 +164,7 @@ def _groups(items: list, settings: RunSettings) -> list[list]:
     return list(groups.values())
 
 
-def _side_by_side(groups: list[list], run_group: Callable[[list], supervise.Run]) -> list[supervise.Run]:
+def _side_by_side(groups: list[list], run_group: Callable[[list], Run]) -> list[Run]:
     """Each group in workers of its own, at once; their runs, in the groups' order."""
     with concurrent.futures.ThreadPoolExecutor(len(groups), thread_name_prefix="part") as pool:
         return list(pool.map(run_group, groups))
