@@ -19,7 +19,7 @@ from grader.grading.config import RunSettings
 from grader.grading.exercise_run import timer_process
 from grader.grading.isolation import protocol, wire
 from grader.speed import plan as plan_mod
-from grader.speed import timer, trusted
+from grader.speed import plan_checks, timer, trusted
 from grader.speed.measure import BenchmarkTiming, SpeedMeasurement
 from grader.speed.plan import Arg, Buffer, LaunchPlan, Step, View
 from tests.plans import toy_plan
@@ -34,7 +34,7 @@ def _settings(tmp_path, **changes) -> RunSettings:
 
 
 def _problems(plan: LaunchPlan) -> list[str]:
-    return plan_mod.problems(plan, INPUTS, output_names=("y",))
+    return plan_checks.problems(plan, INPUTS, output_names=("y",))
 
 
 def _with_launch(plan: LaunchPlan, **changes) -> LaunchPlan:
