@@ -20,7 +20,8 @@ from grader.grading.isolation import protocol
 from grader.speed import credit, credit_messages, stats
 from grader.speed.measure import REFERENCE, STUDENT, BenchmarkTiming, SpeedMeasurement
 from grader.speed.plan import LaunchPlan
-from grader.speed.thresholds import Curve, Threshold, Thresholds
+from grader.speed.thresholds.calibrated import Threshold, Thresholds
+from grader.speed.thresholds.speed_curves import Curve
 from grader.speed.timer import TimerJob
 
 GPU = "NVIDIA RTX 9999"  # no thresholds file: only the yardstick can grade speed here

@@ -35,7 +35,8 @@ from grader.grading.results.results import (
     PartResult,
     SpeedResult,
 )
-from grader.speed import credit, thresholds, workload
+from grader.speed import credit, workload
+from grader.speed.thresholds import speed_curves
 
 TIMER_STEP = "speed: trusted timer"
 CREDIT_STEP = "speed: judging the timed runs"
@@ -274,9 +275,9 @@ class _Yardstick:
     def boundaries(self, part: str) -> list[float]:
         """The credit's boundaries in the timer's ratio (reference / student): the course's reference curve, else
         the default fractions; none for a curve against the baseline (the rounds then stop on a ±1 % ratio)."""
-        curve = thresholds.curve_for(self.settings.speed_curves, self.exercise, part)
+        curve = speed_curves.curve_for(self.settings.speed_curves, self.exercise, part)
         if curve is None:
-            return [thresholds.PARTIAL_FRACTION, thresholds.FULL_FRACTION]
+            return [speed_curves.PARTIAL_FRACTION, speed_curves.FULL_FRACTION]
         return [curve.partial, curve.full] if curve.of == "reference" else []
 
     def notes(self) -> list[str]:
