@@ -21,6 +21,7 @@ from grader.checks.spec import Exercise
 from grader.grading.config import RunSettings
 from grader.grading.exercise_run import gpu_references, references, supervise, timer_process, workers, yardstick_plans
 from grader.grading.exercise_run import plan as plan_mod
+from grader.grading.exercise_run.case_references import CaseReferences
 from grader.grading.exercise_run.judging import GRADER_FAULT, ExerciseJudge, grader_error
 from grader.grading.exercise_run.slots import Slot
 from grader.grading.exercise_run.supervised_run import Run
@@ -76,7 +77,7 @@ def grade_exercise(exercise: Exercise, root: Path, *, settings: RunSettings, scr
         # the kernels' files as the worker reports them: under its view of the tree
         student_dir = os.path.join(seen_root, exercise.name) if settings.sandbox else os.path.realpath(path.parent)
         on_gpu = gpu_references.for_slot(slot)  # the float64 references on the slot's GPU, if it has one
-        refs = references.CaseReferences(settings.references or references.local(settings.secret), exercise.name,
+        refs = CaseReferences(settings.references or references.local(settings.secret), exercise.name,
                                          compute=on_gpu.compute if on_gpu is not None else None)
         judge = ExerciseJudge(exercise, device=settings.device, student_dir=student_dir, gpu_name=settings.gpu_name,
                               curves=settings.speed_curves, references=refs)
