@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:  # "list"
                     pieces.append("speed curve: the default*")
             print(f"  {part.name:14} {', '.join(pieces)}")
     if defaults:
-        from grader.speed.thresholds import FULL_FRACTION, PARTIAL_FRACTION
+        from grader.speed.thresholds.speed_curves import FULL_FRACTION, PARTIAL_FRACTION
 
         print(f"* full speed credit from {FULL_FRACTION:g} of the reference solution's speed on the grading GPU, "
               f"none at or below {PARTIAL_FRACTION:g} of it, linear between: the reference timed in the same rounds "

@@ -27,10 +27,11 @@ from grader import exercises
 from grader.grading import config
 from grader.serve import policy as policy_mod
 from grader.serve import tokens
-from grader.serve.app import Service, create_app
+from grader.serve.app import create_app
 from grader.serve.backend import Job
 from grader.serve.db import Database
 from grader.serve.records import Grade, SpeedTime
+from grader.serve.service import Service
 
 from . import sandboxing
 

@@ -16,7 +16,7 @@ import torch
 from grader import exercises
 from grader.checks import tensors
 from grader.grading import config
-from grader.grading.exercise_run import plan, supervise
+from grader.grading.exercise_run import item_requests, plan, supervise
 from grader.grading.isolation import protocol, wire
 
 GELU = exercises.get("gelu")
@@ -79,7 +79,7 @@ def test_a_worker_compiles_ahead_each_parts_distinct_case_signatures_then_its_be
     speed measurement does. All on the meta device (no values). Nothing for a part whose module did not load."""
     fa = exercises.get("flash_attention")
     items = plan.plan(fa, device="cuda", secret="s", random_cases=4, speed_budget_s=0.1)
-    requests = supervise.ahead_requests(items, {})
+    requests = item_requests.ahead_requests(items, {})
     assert [(r.part, r.benchmarks) for r in requests] == [
         ("forward", False), ("backward", False), ("autograd", False), ("forward", True), ("autograd", True)]
     for request in requests:
@@ -90,9 +90,9 @@ def test_a_worker_compiles_ahead_each_parts_distinct_case_signatures_then_its_be
                 wanted = [tuple(part.make_inputs(b.case)["q"].shape) for b in part.benchmarks]
             assert [tuple(sig["q"].shape) for sig in request.signatures] == wanted
         else:
-            shapes = {supervise._signature(sig) for sig in request.signatures}
+            shapes = {item_requests.signature(sig) for sig in request.signatures}
             assert len(shapes) == len(request.signatures) > 1
-    without = supervise.ahead_requests(items, {"autograd": "SyntaxError"})
+    without = item_requests.ahead_requests(items, {"autograd": "SyntaxError"})
     assert [(r.part, r.benchmarks) for r in without] == [("forward", False), ("backward", False), ("forward", True)]
 
 

@@ -74,6 +74,7 @@ def test_a_malformed_reply_ends_the_run_where_a_crash_goes_on_in_a_fresh_worker(
     from grader import exercises
     from grader.grading.exercise_run import plan, supervise, workers
     from grader.grading.isolation import processes
+    from grader.grading.isolation.output_capture import Captured
 
     gelu = exercises.get("gelu")
     items = [it for it in plan.plan(gelu, device="cuda", secret="s", random_cases=2, speed_budget_s=1.0)
@@ -83,7 +84,7 @@ def test_a_malformed_reply_ends_the_run_where_a_crash_goes_on_in_a_fresh_worker(
     sup = supervise._Supervision(gelu, Path("."), settings, scratch=tmp_path, cache_dir=None, on_reply=None,
                                  arbiter=None, defer_speed=True, references=None, items=items)
     sup.result.loaded, sup.current = True, items[0]
-    quiet = processes.Captured(b"", 0)
+    quiet = Captured(b"", 0)
     outcome = processes.Outcome(-11, False, False, 1.0, quiet, quiet, 0)
     left = sup._after_end(None, workers.Ended("it ended", outcome, malformed=malformed), items, 0)
     if malformed:

@@ -19,7 +19,8 @@ from grader.checks import loader, verdicts
 from grader.checks.spec import Exercise, Part
 from grader.grading import config
 from grader.grading.commands import calibrate
-from grader.speed import credit, in_process, measure, thresholds
+from grader.speed import credit, in_process, measure
+from grader.speed.thresholds import calibrated, gpu_files
 
 from . import known_wrong
 
@@ -45,11 +46,11 @@ def test_every_slowed_fixture_is_for_a_speed_graded_part():
 
 
 @pytest.fixture(scope="module")
-def shipped() -> thresholds.Thresholds | None:
+def shipped() -> calibrated.Thresholds | None:
     return credit.load_thresholds()
 
 
-def _thresholds(exercise: Exercise, part: Part, shipped: thresholds.Thresholds | None) -> thresholds.Thresholds:
+def _thresholds(exercise: Exercise, part: Part, shipped: calibrated.Thresholds | None) -> calibrated.Thresholds:
     """This GPU's file when it covers the part; else a calibration of the part made here."""
     if shipped is not None and all(shipped.get(exercise.name, part.name, b.label) for b in part.benchmarks):
         return shipped
@@ -58,7 +59,7 @@ def _thresholds(exercise: Exercise, part: Part, shipped: thresholds.Thresholds |
     return result
 
 
-def _credit(part: Part, module, limits: thresholds.Thresholds, budget_s: float) -> credit.SpeedCredit:
+def _credit(part: Part, module, limits: calibrated.Thresholds, budget_s: float) -> credit.SpeedCredit:
     """One speed grading of the part, as the grader times it: the recorded kernels replayed (the recheck on
     fresh inputs is judged elsewhere)."""
     per_benchmark = budget_s / len(part.benchmarks)
@@ -130,7 +131,7 @@ def test_grader_bench_leaderboard(capsys):
 def test_grader_calibrate_writes_this_gpus_file(tmp_path):
     assert cli.main(["calibrate", "gelu", "--out", str(tmp_path), "--repeats", "1", "--budget-s", "0.3"]) == 0
     (written,) = tmp_path.glob("*.toml")
-    loaded = thresholds.load(written)
+    loaded = gpu_files.load(written)
     assert {b.label for b in exercises.get("gelu").part("forward").benchmarks} == {
         label for (exercise, _, label) in loaded.entries if exercise == "gelu"}
 

@@ -8,16 +8,17 @@ from pathlib import Path
 from grader.grading import config
 from grader.grading.commands import grade as grade_cmd
 from grader.grading.isolation import protocol, wire
+from grader.grading.isolation.wire_fields import MAX_TEXT
 
 from .sandboxing import sandbox_options
 
 
 def test_a_huge_message_is_cut_when_it_is_decoded():
-    huge = "x" * (wire.MAX_TEXT * 50)
+    huge = "x" * (MAX_TEXT * 50)
     for message in (protocol.Raised("i", huge), protocol.NotImplementedYet("i", huge), protocol.Poisoned(huge)):
         decoded = wire.decode(wire.encode(message))
         text = getattr(decoded, "message", None) or decoded.why
-        assert len(text) < wire.MAX_TEXT + 200 and "more characters cut" in text
+        assert len(text) < MAX_TEXT + 200 and "more characters cut" in text
     short = wire.decode(wire.encode(protocol.Raised("i", "ValueError: bad shape")))
     assert short.message == "ValueError: bad shape"
 

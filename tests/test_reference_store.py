@@ -20,7 +20,8 @@ from grader.checks.spec import Case
 from grader.grading import config
 from grader.grading.commands import grade as grade_cmd
 from grader.grading.exercise_run import references
-from grader.grading.exercise_run.references import CaseReferences, ReferenceStore
+from grader.grading.exercise_run.case_references import COMPUTING, WAITING, CaseReferences
+from grader.grading.exercise_run.references import ReferenceStore
 from grader.grading.results import store
 
 from .sandboxing import sandbox_options
@@ -213,10 +214,10 @@ def test_runs_that_need_a_case_at_once_compute_it_once(tmp_path):
     assert all(torch.equal(r["y"], results[0]["y"]) for r in results)
     # --profile: the run that computed spent its time computing, the seven others theirs waiting for it
     computing = next(r for r in runs if r.computed)
-    assert computing.seconds[references.COMPUTING] >= 0.3 and computing.seconds[references.WAITING] == 0
+    assert computing.seconds[COMPUTING] >= 0.3 and computing.seconds[WAITING] == 0
     for r in runs:
         if r is not computing:
-            assert r.seconds[references.WAITING] >= 0.2 and r.seconds[references.COMPUTING] == 0, r.seconds
+            assert r.seconds[WAITING] >= 0.2 and r.seconds[COMPUTING] == 0, r.seconds
 
 
 

@@ -14,7 +14,7 @@ import torch
 from grader import exercises
 from grader.checks import cases as cases_mod
 from grader.checks.spec import Case, Part
-from grader.exercises import flash_attention as fa_spec
+from grader.exercises import flash_attention_reference as fa_reference
 from grader.grading.exercise_run import gpu_references
 from grader.grading.exercise_run.gpu_references import GpuReferences
 from grader.grading.exercise_run.slots import Slot
@@ -158,10 +158,10 @@ def test_flash_attention_references_in_chunks_equal_the_whole_matrix(monkeypatch
     inputs = {"q": torch.randn(2, 3, 33, 16, generator=g), "k": torch.randn(2, 3, 20, 16, generator=g),
               "v": torch.randn(2, 3, 20, 16, generator=g), "do": torch.randn(2, 3, 33, 16, generator=g),
               "causal": True, "scale": None, "d": 16}
-    whole = fa_spec.autograd_reference(inputs)
-    monkeypatch.setattr(fa_spec, "CHUNK_BYTES", 33 * 20 * 8)  # one (batch, head) row a chunk: 6 chunks
-    assert len(fa_spec._chunks(fa_spec._rows(inputs["q"]), fa_spec._rows(inputs["k"]))) == 6
-    chunked = fa_spec.autograd_reference(inputs)
+    whole = fa_reference.autograd_reference(inputs)
+    monkeypatch.setattr(fa_reference, "CHUNK_BYTES", 33 * 20 * 8)  # one (batch, head) row a chunk: 6 chunks
+    assert len(fa_reference._chunks(fa_reference._rows(inputs["q"]), fa_reference._rows(inputs["k"]))) == 6
+    chunked = fa_reference.autograd_reference(inputs)
     q, k, v = (inputs[n].double().requires_grad_(True) for n in ("q", "k", "v"))
     s = (q @ k.transpose(-1, -2)) * 16 ** -0.5
     s = s.masked_fill(torch.ones(33, 20, dtype=torch.bool).triu(1), float("-inf"))

@@ -12,9 +12,9 @@ import pytest
 from starlette.requests import Request
 
 from grader.handin import client
-from grader.serve import app as app_mod
 from grader.serve import intake, queue
 from grader.serve import policy as policy_mod
+from grader.serve import upload as upload_mod
 
 from . import serve_helpers as helpers
 
@@ -63,7 +63,7 @@ def test_a_declared_size_over_the_limit_is_refused_with_413_before_the_body_is_r
     upload = helpers.gelu_zip(tmp_path / "a.zip")
     with _server(tmp_path) as server:
         token = helpers.add_students(server.service.folder, "alice")["alice"]
-        status, data, _ = _post(server, token, upload, declared=app_mod.UPLOAD_MAX_BODY + 1)
+        status, data, _ = _post(server, token, upload, declared=upload_mod.UPLOAD_MAX_BODY + 1)
     assert status == 413 and f"the limit is {intake.MAX_UPLOAD_BYTES >> 20} MB" in data["error"]
     assert parsed == []
 
@@ -99,7 +99,7 @@ def test_one_upload_in_flight_per_student(tmp_path, parsed):
     upload = helpers.gelu_zip(tmp_path / "a.zip")
     with _server(tmp_path) as server:
         found = helpers.add_students(server.service.folder, "alice", "bob")
-        with app_mod._one_upload(server.service, "alice"):  # alice's first upload is being received
+        with upload_mod._one_upload(server.service, "alice"):  # alice's first upload is being received
             status, data, _ = _post(server, found["alice"], upload)
             assert status == 429 and "upload in progress already" in data["error"]
             assert parsed == []

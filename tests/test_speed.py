@@ -23,8 +23,8 @@ from grader.checks.spec import Benchmark, Case, Exercise, Part, Tolerances
 from grader.grading.commands import calibrate
 from grader.pytest_plugin import spec_tests, speed_tests
 from grader.speed import bench, credit, measure, student_calls, workload
-from grader.speed import thresholds as th
-from grader.speed.thresholds import Threshold, Thresholds
+from grader.speed.thresholds import gpu_files, speed_curves
+from grader.speed.thresholds.calibrated import Threshold, Thresholds
 from grader.speed.timing import StopRule
 from tests.fake_clock import FakeClock
 
@@ -222,13 +222,13 @@ def test_uncalibrated_gpu_uses_the_calibrated_gpus_ratios(monkeypatch):
     clock = FakeClock()
     part = _toy_part(clock)
     row = _measure(part, _module(clock, 1.6), clock)
-    monkeypatch.setattr(th, "portable", lambda: ({("toy", "forward", "n1024"): Threshold("torch", 1, 1, 0.6, 0.3)},
-                                                 ["h100", "h200"]))
+    lenient = {("toy", "forward", "n1024"): Threshold("torch", 1, 1, 0.6, 0.3)}
+    monkeypatch.setattr(gpu_files, "portable", lambda: (lenient, ["h100", "h200"]))
     score = _score(part, row, None)
     assert not score.calibrated and score.rows[0].threshold == "portable" and score.fraction == 1.0
     assert f"this GPU ({GPU}) is not calibrated" in score.message
     assert "the most lenient ratios of the calibrated GPUs (h100, h200)" in score.message
-    monkeypatch.setattr(th, "portable", lambda: ({}, []))
+    monkeypatch.setattr(gpu_files, "portable", lambda: ({}, []))
     score = _score(part, row, None)
     assert score.rows[0].threshold == "default" and score.rows[0].required_full == 0.5
     assert "default ratios" in score.message and "grader calibrate" in score.message
@@ -352,7 +352,7 @@ def _bench_result():
 def test_bench_table_and_plot(tmp_path, monkeypatch):
     from rich.console import Console
 
-    monkeypatch.setattr(th, "portable", lambda: ({}, []))
+    monkeypatch.setattr(gpu_files, "portable", lambda: ({}, []))
     part, result = _bench_result()
     rows = bench.table_rows(result, part, _calibrated())
     yours = next(r for r in rows if r["impl"] == "yours")
@@ -361,7 +361,7 @@ def test_bench_table_and_plot(tmp_path, monkeypatch):
     extra = next(r for r in rows if r["impl"] == "extra")
     assert extra["yours_faster"] == pytest.approx(5.0 / 1.5) and yours["yours_faster"] is None
     # a course curve that asks half the baseline's speed: the same kernel (0.67× the baseline) earns full credit
-    lenient = bench.table_rows(result, part, _calibrated(), th.Curve("baseline", 0.5, 0.1))
+    lenient = bench.table_rows(result, part, _calibrated(), speed_curves.Curve("baseline", 0.5, 0.1))
     assert next(r for r in lenient if r["impl"] == "yours")["credit"].credit == 1.0
     console = Console(record=True, width=220)
     bench.render(result, rows, console)

@@ -13,8 +13,10 @@ from grader.grading import config
 from grader.grading.exercise_run import plan
 from grader.grading.exercise_run.judging import ExerciseJudge
 from grader.grading.isolation import protocol
-from grader.speed import credit, thresholds
-from grader.speed.thresholds import Curve, Threshold
+from grader.speed import credit
+from grader.speed.thresholds import speed_curves
+from grader.speed.thresholds.calibrated import Threshold
+from grader.speed.thresholds.speed_curves import Curve
 
 from .test_speed_trust import GELU, PART, _measurement, _thresholds
 
@@ -54,7 +56,7 @@ def test_a_reference_curve_scales_the_calibrated_ratio(tmp_path):
     assert curve.apply(Threshold("torch", 0.1, 0.2, 1.8, 1.0)) == Threshold("torch", 0.1, 0.2, 1.8, 1.0)
     part_first = _course(tmp_path, '[speed_curve]\ngelu = { of = "baseline", full = 0.9 }\n'
                                    '"gelu.forward" = { of = "baseline", full = 0.3 }\n')
-    assert thresholds.curve_for(part_first.speed_curves, "gelu", "forward").full == 0.3
+    assert speed_curves.curve_for(part_first.speed_curves, "gelu", "forward").full == 0.3
 
 
 @pytest.mark.parametrize(("text", "error"), [

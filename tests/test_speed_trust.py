@@ -32,7 +32,7 @@ from grader.speed import (
     trust_checks,
 )
 from grader.speed.measure import STUDENT, BenchmarkTiming, SpeedMeasurement
-from grader.speed.thresholds import Threshold, Thresholds
+from grader.speed.thresholds.calibrated import Threshold, Thresholds
 from tests.fake_clock import FakeClock
 
 H100 = "NVIDIA H100 80GB HBM3"

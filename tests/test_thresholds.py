@@ -10,8 +10,8 @@ import pytest
 
 from grader import exercises
 from grader.grading.commands import calibrate
-from grader.speed import thresholds as th
-from grader.speed.thresholds import Threshold, Thresholds, ThresholdsError
+from grader.speed.thresholds import calibrated, gpu_files
+from grader.speed.thresholds.calibrated import Threshold, Thresholds, ThresholdsError
 
 
 @pytest.mark.parametrize(("name", "slug"), [
@@ -26,13 +26,13 @@ from grader.speed.thresholds import Threshold, Thresholds, ThresholdsError
     ("Tesla T4", "t4"),
 ])
 def test_gpu_name_to_file(name, slug):
-    assert th.slug(name) == slug
-    assert th.path_for(name, Path("/x")) == Path(f"/x/{slug}.toml")
+    assert calibrated.slug(name) == slug
+    assert gpu_files.path_for(name, Path("/x")) == Path(f"/x/{slug}.toml")
 
 
 def test_unusable_gpu_name():
     with pytest.raises(ThresholdsError, match="cannot make a thresholds file name"):
-        th.slug("NVIDIA 80GB")
+        calibrated.slug("NVIDIA 80GB")
 
 
 def _thresholds(**entry) -> Thresholds:
@@ -50,8 +50,8 @@ def _thresholds(**entry) -> Thresholds:
 
 def test_write_then_parse_round_trips(tmp_path):
     original = _thresholds()
-    path = th.write(original, tmp_path / "h100.toml", header=["a header", ""])
-    back = th.load(path)
+    path = gpu_files.write(original, tmp_path / "h100.toml", header=["a header", ""])
+    back = gpu_files.load(path)
     assert back.gpu == original.gpu and back.entries == original.entries
     assert back.copy_gbps == 3000.5 and back.matmul_tflops == {"bfloat16": 790.0}
     assert back.meta["torch"] == "2.11.0" and back.meta["calibration"] == {"full_margin": 0.85, "repeats": 3}
@@ -62,7 +62,7 @@ def test_write_then_parse_round_trips(tmp_path):
 
 def test_writing_refuses_non_finite_numbers(tmp_path):
     with pytest.raises(ThresholdsError, match="non-finite"):
-        th.write(_thresholds(reference_ms=math.inf), tmp_path / "x.toml")
+        gpu_files.write(_thresholds(reference_ms=math.inf), tmp_path / "x.toml")
 
 
 GOOD = """
@@ -79,7 +79,7 @@ partial = 0.5
 
 
 def test_minimal_file_parses():
-    t = th.parse(GOOD)
+    t = gpu_files.parse(GOOD)
     assert t.gpu == "NVIDIA H200" and t.copy_gbps is None
     entry = t.get("gelu", "forward", "fp32-4096x8192")
     assert (entry.full, entry.partial, entry.reference_ratio) == (0.85, 0.5, None)
@@ -104,30 +104,30 @@ def test_minimal_file_parses():
 ])
 def test_invalid_files_say_where_and_what(text, message):
     with pytest.raises(ThresholdsError, match=message) as info:
-        th.parse(text, source="grader/speed/thresholds/h200.toml")
+        gpu_files.parse(text, source="grader/speed/thresholds/h200.toml")
     assert str(info.value).startswith("grader/speed/thresholds/h200.toml")
 
 
 def test_missing_file_is_a_clear_error(tmp_path):
     with pytest.raises(ThresholdsError, match="cannot read"):
-        th.load(tmp_path / "nope.toml")
+        gpu_files.load(tmp_path / "nope.toml")
 
 
 def test_find_by_gpu_name_and_override(tmp_path, monkeypatch):
-    monkeypatch.delenv(th.ENV_OVERRIDE, raising=False)
-    assert th.find("NVIDIA H200", tmp_path) is None  # not calibrated
+    monkeypatch.delenv(gpu_files.ENV_OVERRIDE, raising=False)
+    assert gpu_files.find("NVIDIA H200", tmp_path) is None  # not calibrated
     (tmp_path / "h200.toml").write_text(GOOD)
-    assert th.find("NVIDIA H200", tmp_path).gpu == "NVIDIA H200"
+    assert gpu_files.find("NVIDIA H200", tmp_path).gpu == "NVIDIA H200"
     (tmp_path / "h100.toml").write_text("format = 1\n")
     with pytest.raises(ThresholdsError, match=r"h100\.toml.*\[gpu\] needs a 'name'"):
-        th.find("NVIDIA H100 80GB HBM3", tmp_path)  # an invalid file is an error, not "uncalibrated"
+        gpu_files.find("NVIDIA H100 80GB HBM3", tmp_path)  # an invalid file is an error, not "uncalibrated"
     other = tmp_path / "custom.toml"
     other.write_text(GOOD)
-    monkeypatch.setenv(th.ENV_OVERRIDE, str(other))
-    assert th.find("NVIDIA A100-SXM4-80GB", tmp_path).path == other
-    monkeypatch.setenv(th.ENV_OVERRIDE, str(tmp_path / "missing.toml"))
+    monkeypatch.setenv(gpu_files.ENV_OVERRIDE, str(other))
+    assert gpu_files.find("NVIDIA A100-SXM4-80GB", tmp_path).path == other
+    monkeypatch.setenv(gpu_files.ENV_OVERRIDE, str(tmp_path / "missing.toml"))
     with pytest.raises(ThresholdsError, match=r"GRADER_THRESHOLDS=.*no such file"):
-        th.find("NVIDIA H200", tmp_path)
+        gpu_files.find("NVIDIA H200", tmp_path)
 
 
 def test_portable_takes_the_most_lenient_calibrated_gpu(tmp_path):
@@ -135,18 +135,18 @@ def test_portable_takes_the_most_lenient_calibrated_gpu(tmp_path):
     (tmp_path / "h100.toml").write_text(GOOD.replace('"NVIDIA H200"', '"NVIDIA H100 80GB HBM3"')
                                         .replace("full = 0.85", "full = 0.8").replace("partial = 0.5", "partial = 0.6"))
     (tmp_path / "broken.toml").write_text("not toml [")
-    entries, used = th.portable(tmp_path)
+    entries, used = gpu_files.portable(tmp_path)
     assert used == ["h100", "h200"]
     entry = entries[("gelu", "forward", "fp32-4096x8192")]
     assert (entry.full, entry.partial) == (0.8, 0.5)
-    assert th.default("torch").full == th.DEFAULT_FULL
+    assert gpu_files.default("torch").full == gpu_files.DEFAULT_FULL
 
 
 @pytest.mark.parametrize(("ratio", "credit"), [
     (1.2, 1.0), (0.85, 1.0), (0.675, 0.5), (0.5, 0.0), (0.1, 0.0), (math.nan, 0.0), (math.inf, 0.0), (0.0, 0.0),
 ])
 def test_credit_is_linear_between_partial_and_full(ratio, credit):
-    assert th.credit(ratio, full=0.85, partial=0.5) == pytest.approx(credit)
+    assert calibrated.credit(ratio, full=0.85, partial=0.5) == pytest.approx(credit)
 
 
 def test_calibration_sets_requirements_from_the_reference_ratio():
@@ -186,17 +186,17 @@ def test_calibrating_some_exercises_keeps_the_others(tmp_path):
     assert calibrate.merge(other_gpu, old) is other_gpu
     assert calibrate.output_path(str(tmp_path), "NVIDIA H200") == tmp_path / "h200.toml"
     assert calibrate.output_path(str(tmp_path / "x.toml"), "NVIDIA H200") == tmp_path / "x.toml"
-    assert calibrate.output_path(None, "NVIDIA H200") == th.DIRECTORY / "h200.toml"
+    assert calibrate.output_path(None, "NVIDIA H200") == gpu_files.DIRECTORY / "h200.toml"
 
 
-SHIPPED = th.calibrated_files()
+SHIPPED = gpu_files.calibrated_files()
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=[p.name for p in SHIPPED])
 def test_shipped_thresholds_files_are_valid_and_current(path):
     """Every entry of a shipped file names an existing speed-graded benchmark, with its baseline."""
-    t = th.load(path)
-    assert th.slug(t.gpu) == path.stem, f"{path.name} holds thresholds for {t.gpu}"
+    t = gpu_files.load(path)
+    assert calibrated.slug(t.gpu) == path.stem, f"{path.name} holds thresholds for {t.gpu}"
     for (exercise, part_name, label), entry in t.entries.items():
         part = exercises.get(exercise).part(part_name)
         assert label in {b.label for b in part.benchmarks}, f"{path.name}: {exercise} {part_name} has no {label!r}"

@@ -80,7 +80,7 @@ def gpu(monkeypatch, tmp_path):
     fake.turns = Turns()
     monkeypatch.setattr(gpu_gate, "_current", fake.turns)
     monkeypatch.setattr(trusted.measure, "input_sets", lambda part, bench, sets, device: [{"x": torch.zeros(4)}])
-    monkeypatch.setattr(trusted.plan_mod, "problems", lambda plan, input_bytes, output_names: [])
+    monkeypatch.setattr(trusted.plan_checks, "problems", lambda plan, input_bytes, output_names: [])
     monkeypatch.setattr(trusted.replay_mod, "Replay", lambda plan, folder: object())
     monkeypatch.setattr(trusted, "validate", validate)
     monkeypatch.setattr(trusted.measure, "measure_benchmark", measure_benchmark)

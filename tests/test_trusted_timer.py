@@ -19,7 +19,7 @@ from grader.grading.config import RunSettings
 from grader.grading.exercise_run import timer_process
 from grader.grading.isolation import protocol, wire
 from grader.speed import plan as plan_mod
-from grader.speed import timer, trusted
+from grader.speed import plan_checks, timer, trusted
 from grader.speed.measure import BenchmarkTiming, SpeedMeasurement
 from grader.speed.plan import Arg, Buffer, LaunchPlan, Step, View
 from tests.plans import toy_plan
@@ -34,7 +34,7 @@ def _settings(tmp_path, **changes) -> RunSettings:
 
 
 def _problems(plan: LaunchPlan) -> list[str]:
-    return plan_mod.problems(plan, INPUTS, output_names=("y",))
+    return plan_checks.problems(plan, INPUTS, output_names=("y",))
 
 
 def _with_launch(plan: LaunchPlan, **changes) -> LaunchPlan:
@@ -422,6 +422,7 @@ def test_a_supervisor_hands_every_speed_reply_to_on_recorded_and_keeps_recording
     on_reply (judged as it is) and then to on_recorded."""
     from grader import exercises
     from grader.grading.exercise_run import plan, supervise
+    from grader.grading.exercise_run.judging_thread import JudgingThread
 
     gelu = exercises.get("gelu")
     items = plan.plan(gelu, device="cuda", secret="s", random_cases=1, speed_budget_s=1.0)
@@ -432,7 +433,7 @@ def test_a_supervisor_hands_every_speed_reply_to_on_recorded_and_keeps_recording
                                  on_reply=lambda i, q, r: seen.append(("on_reply", i.id, type(r).__name__)),
                                  arbiter=None, defer_speed=True, references=None, items=items,
                                  on_recorded=lambda i, q, r: seen.append(("on_recorded", i.id, type(r).__name__)))
-    sup.judging = supervise._Judging(sup.on_reply, "judge test")
+    sup.judging = JudgingThread(sup.on_reply, "judge test")
     recording = protocol.SpeedDone(speed.id, SpeedMeasurement("GPU", []))
     sup._deliver(case, None, protocol.Raised(case.id, "ValueError: x"))
     sup._deliver(speed, None, recording)
@@ -453,6 +454,7 @@ def test_an_exercise_run_prepares_its_timer_with_the_jobs_it_then_times(tmp_path
 
     from grader import exercises
     from grader.grading.exercise_run import runner, supervise
+    from grader.grading.exercise_run.supervised_run import Run
 
     calls: list[tuple[str, list[str]]] = []
     monkeypatch.setattr(runner, "_timer_ahead", lambda *a, **k: SimpleNamespace(close=lambda: None, cpu_s=0.0))
@@ -466,7 +468,7 @@ def test_an_exercise_run_prepares_its_timer_with_the_jobs_it_then_times(tmp_path
     monkeypatch.setattr(timer_process, "time_parts", time_parts)
 
     def fake_run(exercise, root, group, settings, *, on_recorded, **kwargs):
-        run = supervise.Run(loaded=True)
+        run = Run(loaded=True)
         for item in group:
             if item.role == "speed" and (autograd_records or item.part.name != "autograd"):
                 reply = protocol.SpeedDone(item.id, SpeedMeasurement("GPU", []))

@@ -15,11 +15,13 @@ import pytest
 from grader import exercises
 from grader.grading.config import RunSettings
 from grader.grading.exercise_run import runner, supervise, yardstick_plans
+from grader.grading.exercise_run.supervised_run import Run
 from grader.grading.isolation import protocol
 from grader.speed import credit, credit_messages, stats
 from grader.speed.measure import REFERENCE, STUDENT, BenchmarkTiming, SpeedMeasurement
 from grader.speed.plan import LaunchPlan
-from grader.speed.thresholds import Curve, Threshold, Thresholds
+from grader.speed.thresholds.calibrated import Threshold, Thresholds
+from grader.speed.thresholds.speed_curves import Curve
 from grader.speed.timer import TimerJob
 
 GPU = "NVIDIA RTX 9999"  # no thresholds file: only the yardstick can grade speed here
@@ -164,7 +166,7 @@ def test_the_reference_is_recorded_once_per_batch_and_gpu_in_a_worker_like_a_stu
         gate.wait(5)
         plans = {b.label: _plan() for b in items[0].part.benchmarks[1:]}  # the first benchmark not recorded
         done = protocol.SpeedDone(items[0].id, SpeedMeasurement(GPU, plans=plans))
-        return supervise.Run(to_time=[(items[0], None, done)])
+        return Run(to_time=[(items[0], None, done)])
 
     monkeypatch.setattr(supervise, "run", fake_run)
     settings = _settings(tmp_path)
@@ -253,7 +255,7 @@ def test_a_server_keeps_the_recording_for_the_next_upload_and_records_again_when
     def fake_run(exercise, root, items, settings, **kw):
         recorded.append(settings.workdir)
         plans = {b.label: _plan() for b in items[0].part.benchmarks}
-        return supervise.Run(to_time=[(items[0], None, protocol.SpeedDone(items[0].id, SpeedMeasurement(
+        return Run(to_time=[(items[0], None, protocol.SpeedDone(items[0].id, SpeedMeasurement(
             GPU, plans=plans)))])
 
     monkeypatch.setattr(supervise, "run", fake_run)

@@ -1,7 +1,8 @@
 """The exercise registry: every module in this package that defines ``EXERCISE`` is an exercise.
 
 Adding an exercise means adding one spec module here (plus its stub, solution and handout); nothing
-else lists exercises. ``EXERCISE.order`` is the position in the course.
+else lists exercises. ``EXERCISE.order`` is the position in the course. A module without ``EXERCISE`` is part of a
+spec, named after it (``flash_attention_memory.py``).
 """
 
 from __future__ import annotations

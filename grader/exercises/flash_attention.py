@@ -6,8 +6,11 @@ large enough that exp overflows without the running max, fp32/fp16/bf16.
 Three parts, two reports: ``forward`` (o and lse), ``backward`` (dq, dk, dv from
 ``flash_attention_backward`` given float64-exact o and lse) and ``autograd`` (o, dq, dk, dv end to end
 through ``flash_attention(...).backward(do)``), the last two reported together as "backward".
-References are float64 (:func:`attention64`, a chunk of the batch and heads at a time). The forward's extra
-check ``memory`` (:data:`MEMORY_CHECK`) makes sure it never materializes the Nq×Nk score matrix.
+
+This module holds the spec: the calls, cases, tolerances, benchmarks and points. Beside it, a case's inputs and
+its float64 references (:mod:`.flash_attention_reference`), the bad inputs (:mod:`.flash_attention_bad_inputs`),
+the forward's extra check ``memory``, which makes sure it never materializes the Nq×Nk score matrix
+(:mod:`.flash_attention_memory`), and the speed baselines (:mod:`.flash_attention_baselines`).
 """
 
 from __future__ import annotations
@@ -17,9 +20,20 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from grader.checks import integrity, strategies, tensors
-from grader.checks.spec import BadInput, Benchmark, Case, Exercise, ExtraCheck, Observation, Part, Tolerance, Tolerances
-from grader.checks.verdicts import Verdict
+from grader.checks import strategies
+from grader.checks.spec import Benchmark, Case, Exercise, Part, Tolerance, Tolerances
+from grader.exercises.flash_attention_bad_inputs import BACKWARD_BAD_INPUTS, FORWARD_BAD_INPUTS
+from grader.exercises.flash_attention_baselines import AUTOGRAD_BASELINES, FORWARD_BASELINES
+from grader.exercises.flash_attention_memory import MEMORY_CHECK
+from grader.exercises.flash_attention_reference import (
+    LAYOUTS,
+    autograd_reference,
+    backward_reference,
+    forward_reference,
+    make_autograd_inputs,
+    make_backward_inputs,
+    make_forward_inputs,
+)
 
 if TYPE_CHECKING:
     from hypothesis import strategies as st
@@ -28,137 +42,11 @@ HEAD_DIMS = (16, 32, 64, 128)
 TF32_MAX_N = 512  # longest fp32 sequence checked on the GPU (see _skip)
 GPU_MAX_N = 2100  # longest random sequence on the GPU: the tolerances below are calibrated up to here
 MAX_RATIO = 16  # on the GPU, long sequences keep Nq/Nk within this factor (see _skip)
-LARGE = 8.0  # "large" q, k: scores scale·q·k have std 64, so exp(score) overflows without the running max
 
 
 # ----------------------------------------------------------------------------------------------
-# Inputs and references
+# Calls of the student's functions
 # ----------------------------------------------------------------------------------------------
-
-
-# "mixed": every tensor in a layout of its own, so that a kernel reading one tensor with another's strides is wrong
-# (the layouts alone give q, k, v and do the same strides)
-MIXED = {"q": "contiguous", "k": "strided", "v": "transposed", "do": "offset"}
-LAYOUTS = (*tensors.LAYOUTS, "mixed")
-
-
-def _layout(case: Case, name: str) -> str:
-    return MIXED[name] if case["layout"] == "mixed" else case["layout"]
-
-
-def _qkv(case: Case, g: torch.Generator) -> dict:
-    lead, nq, nk, d = tuple(case["lead"]), case["nq"], case["nk"], case["d"]
-    mag = LARGE if case["values"] == "large" else 1.0
-    shapes = {"q": (*lead, nq, d), "k": (*lead, nk, d), "v": (*lead, nk, d)}
-    out = {}
-    for name, shape in shapes.items():
-        data = tensors.times(tensors.values(shape, "normal", g), mag if name != "v" else 1.0)
-        out[name] = tensors.layout_view(data.to(case.dtype), _layout(case, name))
-    return out
-
-
-def _scale(case_or_inputs) -> float:
-    scale = case_or_inputs["scale"]
-    return case_or_inputs["d"] ** -0.5 if scale is None else scale
-
-
-CHUNK_BYTES = 256 << 20  # the float64 scores of one chunk of (batch, head) rows: bounds a reference's memory
-
-
-def _attention(q, k, v, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """softmax(scale·QKᵀ + mask)·V and the natural-log logsumexp, as written (q, k, v already float64)."""
-    s = (q @ k.transpose(-1, -2)) * scale
-    if causal:
-        nq, nk = s.shape[-2:]
-        s = s.masked_fill(torch.ones(nq, nk, dtype=torch.bool, device=s.device).triu(1), float("-inf"))
-    return torch.softmax(s, dim=-1) @ v, torch.logsumexp(s, dim=-1)
-
-
-def _chunks(q: torch.Tensor, k: torch.Tensor) -> list[slice]:
-    """Slices of the flattened (batch, head) rows whose scores take at most :data:`CHUNK_BYTES` together: a
-    benchmark call's whole score matrix (b8, h16, n2048) would take 4 GiB in float64, and autograd keeps several."""
-    rows, per_row = q.shape[0], q.shape[-2] * k.shape[-2] * 8
-    step = max(1, CHUNK_BYTES // max(1, per_row))
-    return [slice(i, min(rows, i + step)) for i in range(0, rows, step)] or [slice(0, 0)]
-
-
-def _rows(t: torch.Tensor) -> torch.Tensor:
-    """float64, the leading (batch, head) dimensions flattened into one."""
-    return t.detach().to(torch.float64).reshape(-1, *t.shape[-2:])
-
-
-def attention64(q, k, v, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """float64 reference: explicit softmax(scale·QKᵀ + mask)·V and the natural-log logsumexp, a chunk of the
-    (batch, head) rows at a time."""
-    q3, k3, v3 = _rows(q), _rows(k), _rows(v)
-    outs = [_attention(q3[c], k3[c], v3[c], causal, scale) for c in _chunks(q3, k3)]
-    o, lse = torch.cat([o for o, _ in outs]), torch.cat([lse for _, lse in outs])
-    return o.reshape(*q.shape[:-1], v.shape[-1]), lse.reshape(q.shape[:-1])
-
-
-def _params(case: Case) -> dict:
-    return {"causal": bool(case["causal"]), "scale": case["scale"], "d": case["d"]}
-
-
-def make_forward_inputs(case: Case) -> dict:
-    return {**_qkv(case, tensors.generator(case.seed)), **_params(case)}
-
-
-def make_autograd_inputs(case: Case) -> dict:
-    """q, k, v and the output gradient do, scaled by 1 / (scale·√D·|v|·max(|q|, |k|)) (RMS sizes).
-
-    dq and dk are sums of terms scale·dS·k with dS ~ P·(dO·v), and their rounding errors scale with
-    those terms, not with the (often much smaller) sums: large scores make P one-hot and the sums
-    cancel, a 2× scale doubles every term. The scaling makes one term O(1) in every case (it is 1 for
-    normal inputs at the default scale), so one absolute tolerance per dtype fits all cases; the
-    gradients are linear in do, so it changes nothing else."""
-    g = tensors.generator(case.seed)
-    inputs = {**_qkv(case, g), **_params(case)}
-    rms = {n: 1.0 if inputs[n].is_meta else float(inputs[n].double().square().mean().sqrt())  # meta: no values
-           for n in ("q", "k", "v")}
-    term = _scale(inputs) * case["d"] ** 0.5 * rms["v"] * max(rms["q"], rms["k"])
-    do = tensors.over(tensors.values((*tuple(case["lead"]), case["nq"], case["d"]), "normal", g), term)
-    return {**inputs, "do": tensors.layout_view(do.to(case.dtype), _layout(case, "do"))}
-
-
-def make_backward_inputs(case: Case) -> dict:
-    """q, k, v, do plus the exact forward outputs, rounded as a correct forward would return them."""
-    inputs = make_autograd_inputs(case)
-    q, v = inputs["q"], inputs["v"]
-    if q.is_meta:  # no values (tensors.generated_on): the outputs' shapes, dtypes and strides, as computed below
-        o, lse = q.new_empty((*q.shape[:-1], v.shape[-1])), q.new_empty(q.shape[:-1])
-    else:
-        o, lse = attention64(q, inputs["k"], v, inputs["causal"], _scale(inputs))
-    return {**inputs, "o": o.to(case.dtype), "lse": lse.to(torch.float32)}
-
-
-def _grads64(inputs: dict) -> tuple[torch.Tensor, ...]:
-    """o, dq, dk, dv of o.backward(do) in float64, a chunk of the (batch, head) rows at a time (the rows are
-    independent, so each chunk's graph is freed before the next is built)."""
-    q3, k3, v3, do3 = (_rows(inputs[n]) for n in ("q", "k", "v", "do"))
-    outs = []
-    for c in _chunks(q3, k3):
-        q, k, v = (t[c].detach().requires_grad_(True) for t in (q3, k3, v3))
-        o, _ = _attention(q, k, v, inputs["causal"], _scale(inputs))
-        o.backward(do3[c])
-        outs.append((o.detach(), q.grad, k.grad, v.grad))
-    shapes = [inputs["do"].shape, inputs["q"].shape, inputs["k"].shape, inputs["v"].shape]
-    return tuple(torch.cat([out[i] for out in outs]).reshape(shape) for i, shape in enumerate(shapes))
-
-
-def forward_reference(inputs: dict) -> dict:
-    o, lse = attention64(inputs["q"], inputs["k"], inputs["v"], inputs["causal"], _scale(inputs))
-    return {"o": o, "lse": lse}
-
-
-def backward_reference(inputs: dict) -> dict:
-    _, dq, dk, dv = _grads64(inputs)
-    return {"dq": dq, "dk": dk, "dv": dv}
-
-
-def autograd_reference(inputs: dict) -> dict:
-    o, dq, dk, dv = _grads64(inputs)
-    return {"o": o, "dq": dq, "dk": dk, "dv": dv}
 
 
 def _unpack(result, n: int, function: str, names: str) -> tuple:
@@ -353,134 +241,7 @@ GRAD_TOLERANCES = {"o": O_TOL, "dq": GRAD_TOL, "dk": GRAD_TOL, "dv": GRAD_TOL}
 
 
 # ----------------------------------------------------------------------------------------------
-# Bad input
-# ----------------------------------------------------------------------------------------------
-
-
-def _randn(*shape, dtype=torch.float32, device="cpu") -> torch.Tensor:
-    return torch.randn(shape, generator=tensors.generator(len(shape)), dtype=torch.float32).to(dtype).to(device)
-
-
-def _bad(label: str, match: str, q, k, v, raises=(ValueError, TypeError), **kwargs) -> BadInput:
-    def make_args(device: str):
-        return (_randn(*q, device=device), _randn(*k, device=device), _randn(*v, device=device)), kwargs
-
-    return BadInput(label, "flash_attention_forward", make_args, raises, match)
-
-
-def _mixed_dtypes(device: str):
-    return (_randn(2, 8, 16, dtype=torch.float16, device=device), _randn(2, 8, 16, device=device),
-            _randn(2, 8, 16, device=device)), {}
-
-
-def _wrong_device(device: str):
-    """On a CUDA run: CPU tensors. (On a CPU run with a GPU present: q on the GPU, k and v on the CPU.)"""
-    q = _randn(2, 8, 16)
-    return ((q, _randn(2, 8, 16), _randn(2, 8, 16)) if device == "cuda" else (q.cuda(), _randn(2, 8, 16),
-            _randn(2, 8, 16))), {}
-
-
-FORWARD_BAD_INPUTS = (
-    _bad("leading-dims-differ", r"lead|batch|head|shape|dim", (2, 3, 8, 16), (2, 4, 8, 16), (2, 4, 8, 16)),
-    _bad("head-dim-differs", r"head|\bD\b|dim|shape", (2, 8, 16), (2, 8, 32), (2, 8, 32)),
-    _bad("head-dim-48", r"48|head|\bD\b|dim", (2, 8, 48), (2, 8, 48), (2, 8, 48)),
-    _bad("head-dim-256", r"256|head|\bD\b|dim", (2, 8, 256), (2, 8, 256), (2, 8, 256)),
-    _bad("k-v-lengths-differ", r"\bk\b|\bv\b|key|length|shape", (2, 8, 16), (2, 9, 16), (2, 10, 16)),
-    _bad("causal-needs-nq-eq-nk", r"causal|Nq|Nk|square|length", (2, 8, 16), (2, 12, 16), (2, 12, 16),
-         is_causal=True),
-    BadInput("dtype-mismatch", "flash_attention_forward", _mixed_dtypes, (TypeError, ValueError), r"dtype|float"),
-) + ((BadInput("wrong-device", "flash_attention_forward", _wrong_device, (ValueError, TypeError),
-               r"cpu|cuda|gpu|device"),) if torch.cuda.is_available() else ())  # only where a GPU exists
-
-
-def _backward_args(lse_dtype=torch.float32, do_rows=8):
-    def make_args(device: str):
-        q, k, v = (_randn(2, 8, 16, device=device) for _ in range(3))
-        o, do = _randn(2, 8, 16, device=device), _randn(2, do_rows, 16, device=device)
-        lse = _randn(2, 8, device=device).to(lse_dtype)
-        return (q, k, v, o, lse, do), {}
-
-    return make_args
-
-
-BACKWARD_BAD_INPUTS = (
-    BadInput("lse-not-float32", "flash_attention_backward", _backward_args(lse_dtype=torch.float16),
-             (TypeError, ValueError), r"lse|dtype|float32"),
-    BadInput("do-shape", "flash_attention_backward", _backward_args(do_rows=9), (ValueError,), r"do|shape"),
-)
-
-
-# ----------------------------------------------------------------------------------------------
-# Memory: the forward must not materialize the Nq×Nk scores
-# ----------------------------------------------------------------------------------------------
-
-
-MEMORY_N = {"cuda": 16384, "cpu": 1024}
-MEMORY_POINTS = 3
-
-
-def _memory_shape(device: str) -> tuple[int, int, torch.dtype]:
-    n = MEMORY_N["cuda" if device == "cuda" else "cpu"]
-    return (n, 64, torch.bfloat16) if device == "cuda" else (n, 16, torch.float16)
-
-
-def execute_memory(module, device: str) -> dict:
-    """Run the causal forward on one long head (N = 16384 on the GPU, 1024 in the interpreter; D = 64 / 16)
-    and record the bytes of all tensors it creates (every device) and its peak memory above the inputs
-    (CUDA)."""
-    n, d, dtype = _memory_shape(device)
-    g = tensors.generator(n)
-    q, k, v = (torch.randn((1, 1, n, d), generator=g).to(dtype).to(device) for _ in range(3))
-    call = lambda: module.flash_attention_forward(q, k, v, is_causal=True, scale=None)  # causal: half the time
-    try:
-        peak = 0
-        if device == "cuda":
-            call()  # compile and autotune outside the measurement
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            base = torch.cuda.memory_allocated()
-        with integrity.monitor() as seen:  # the ops it dispatches outside Triton launches, with their allocations
-            call()
-        if device == "cuda":
-            torch.cuda.synchronize()
-            peak = torch.cuda.max_memory_allocated() - base
-    except NotImplementedError:
-        raise
-    except Exception as exc:
-        return {"allocated": 0, "peak": 0, "error": f"{type(exc).__name__}: {exc}"}
-    return {"allocated": int(seen.allocated_bytes), "peak": int(peak), "error": None}
-
-
-def judge_memory(observation: Observation, device: str) -> Verdict:
-    """Fail at a quarter of a 16-bit N×N score matrix or more."""
-    n, d, _ = _memory_shape(device)
-    if observation["error"] is not None:
-        return Verdict(False, f"flash_attention_forward raised {observation['error']} on q, k, v of shape "
-                              f"(1, 1, {n}, {d})")
-    budget = n * n * 2 // 4
-    allocated, peak = observation["allocated"], observation["peak"]
-    worst = max(allocated, peak)
-    if worst < budget:
-        return Verdict(True)
-    what = "allocated" if allocated >= peak else "raised peak GPU memory by"
-    return Verdict(False, f"flash_attention_forward {what} {worst / 2**20:.1f} MiB for Nq = Nk = {n}, D = {d}, "
-                          f"one head; the limit is {budget / 2**20:.1f} MiB (a quarter of one 16-bit "
-                          f"{n}×{n} score matrix). FlashAttention keeps score tiles on chip: never write S or "
-                          "P to memory")
-
-
-MEMORY_CHECK = ExtraCheck(
-    name="memory",
-    description="a long sequence must not allocate an Nq×Nk score matrix",
-    execute=execute_memory,
-    judge=judge_memory,
-    fields={"allocated": int, "peak": int, "error": (str, type(None))},
-    points=MEMORY_POINTS,
-)
-
-
-# ----------------------------------------------------------------------------------------------
-# Speed (GPU): H100-sized benchmarks and baselines
+# Speed (GPU): H100-sized benchmarks (the baselines: flash_attention_baselines.py)
 # ----------------------------------------------------------------------------------------------
 
 
@@ -508,56 +269,6 @@ _BENCH_SIZES = (  # bf16; the cheapest first: the speed recheck computes its flo
     ("b2h16-n4096-d128-causal", (2, 16), 4096, 128, True),
     ("cs336-h16-n16384-d64-causal", (1, 16), 16384, 64, True),  # the CS336 leaderboard shape
 )
-
-
-def _sdpa(backend: str):
-    def run(inputs: dict, backward: bool = False):
-        import torch.nn.functional as F
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        which = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend]
-        q, k, v = (inputs[n].detach().requires_grad_(backward) for n in ("q", "k", "v"))
-        with sdpa_kernel(which):
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=inputs["causal"], scale=inputs["scale"])
-        if backward:
-            o.backward(inputs["do"])
-            return {"o": o, "dq": q.grad, "dk": k.grad, "dv": v.grad}  # named as the part's outputs
-        return o
-
-    return run
-
-
-def _naive(backward: bool = False):
-    """Naive PyTorch attention (S and P in HBM, softmax in fp32), a few heads at a time so the score
-    matrices stay under 2 GiB: the same work and traffic per head as one big call, without the OOM."""
-
-    def run(inputs: dict):
-        q, k, v, do = (inputs[n].detach() for n in ("q", "k", "v", "do" if backward else "q"))
-        n_q, n_k = q.shape[-2], k.shape[-2]
-        q3, k3, v3, do3 = (t.reshape(-1, *t.shape[-2:]) for t in (q, k, v, do))
-        chunk = max(1, 2**31 // (n_q * n_k * 4))
-        mask = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).triu(1) if inputs["causal"] else None
-        outs = []
-        for i in range(0, q3.shape[0], chunk):
-            qc, kc, vc = (t[i : i + chunk].requires_grad_(backward) for t in (q3, k3, v3))
-            s = (qc @ kc.transpose(-1, -2)).float() * _scale(inputs)
-            if mask is not None:
-                s = s.masked_fill(mask, float("-inf"))
-            o = torch.softmax(s, dim=-1).to(q.dtype) @ vc
-            if backward:
-                o.backward(do3[i : i + chunk])
-            outs.append(o.detach())
-        return torch.cat(outs).view(q.shape)
-
-    return run
-
-
-FORWARD_BASELINES = {"sdpa-flash": _sdpa("flash"), "sdpa-cudnn": _sdpa("cudnn"), "torch": _naive()}
-AUTOGRAD_BASELINES = {
-    "sdpa-flash": lambda inp: _sdpa("flash")(inp, backward=True),
-    "sdpa-cudnn": lambda inp: _sdpa("cudnn")(inp, backward=True),
-    "torch": _naive(backward=True),
-}
 
 
 # ----------------------------------------------------------------------------------------------

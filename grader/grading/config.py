@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from grader.checks.spec import Exercise
-from grader.speed.thresholds import Curve, ThresholdsError, curve_for, curves_from_table
+from grader.speed.thresholds.calibrated import ThresholdsError
+from grader.speed.thresholds.speed_curves import Curve, curve_for, curves_from_table
 
 if TYPE_CHECKING:  # types only: the settings sit below every wing of grader.grading, which all read them
     from grader.grading.exercise_run.references import ReferenceStore

@@ -62,11 +62,11 @@ def pytest_configure(config: pytest.Config) -> None:
     course = config.getoption("grader_course") or os.environ.get("GRADER_COURSE")
     curves = {}
     if course:
-        from grader.speed import thresholds
+        from grader.speed.thresholds import calibrated, speed_curves
 
         try:
-            curves = thresholds.course_curves(Path(config.invocation_params.dir) / course)
-        except thresholds.ThresholdsError as exc:
+            curves = speed_curves.course_curves(Path(config.invocation_params.dir) / course)
+        except calibrated.ThresholdsError as exc:
             raise pytest.UsageError(f"--grader-course: {exc}") from None
     config.stash[SESSION_KEY] = GraderSession(runtime.configure(), root, curves=curves)
     config.addinivalue_line("markers", "speed: speed test; runs on CUDA only (skipped on CPU)")

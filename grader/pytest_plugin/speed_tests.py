@@ -24,13 +24,14 @@ import pytest
 
 from grader.checks import verdicts
 from grader.checks.spec import Benchmark, Exercise, Part
-from grader.speed import credit, in_process, measure, probes, thresholds
+from grader.speed import credit, in_process, measure, probes
+from grader.speed.thresholds import calibrated, speed_curves
 
 BUDGET_S = 2.0  # seconds of interleaved timing per benchmark (it usually converges sooner)
 
 
 @cache
-def _thresholds() -> thresholds.Thresholds | None:
+def _thresholds() -> calibrated.Thresholds | None:
     return credit.load_thresholds()
 
 
@@ -66,7 +67,7 @@ def speed_test(exercise: Exercise, part: Part):
         module = grader_session.ready(exercise, part, request.node.path)
         try:
             limits = _thresholds()
-        except thresholds.ThresholdsError as exc:
+        except calibrated.ThresholdsError as exc:
             pytest.fail(str(exc), pytrace=False)
 
         samples: list[float] = []
@@ -84,7 +85,7 @@ def speed_test(exercise: Exercise, part: Part):
                             pytrace=False)
 
         roofline = probes.roofline([bench.case.get("dtype")] if bench.flops else [])
-        curve = thresholds.curve_for(grader_session.curves, exercise.name, part.name)
+        curve = speed_curves.curve_for(grader_session.curves, exercise.name, part.name)
         measurement = measure.SpeedMeasurement(grader_session.mode.gpu_name or "?", [row])
         verdict = credit.judge(part, measurement, recheck=verdicts.Verdict(True), thresholds=limits, curve=curve,
                                labels=[bench.label], roofline=roofline, require_calibration=False)

@@ -17,7 +17,7 @@ from grader.serve import audit, tokens
 from grader.serve.records import Principal
 
 if TYPE_CHECKING:
-    from grader.serve.app import Service
+    from grader.serve.service import Service
 
 COOKIE = "grader_session"
 FORM_MAX_BYTES = 8 << 10  # a login or a leaderboard choice: a token and a name

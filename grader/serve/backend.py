@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from grader import exercises as exercises_mod
 from grader.grading import config
 from grader.grading.batch import exits
-from grader.grading.isolation import processes
+from grader.grading.isolation.parent_death import die_with_parent
 from grader.serve import outcome
 from grader.serve.records import Grade, SpeedTime, Submission
 
@@ -89,7 +89,7 @@ class EngineBackend:
             for _ in range(1 + REGRADES):  # parts the grader failed on are graded again, never charged
                 child = subprocess.Popen(self.command(spec), stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, env=env,
-                                         preexec_fn=processes.die_with_parent(signal.SIGKILL))
+                                         preexec_fn=die_with_parent(signal.SIGKILL))
                 status = child.wait()
                 if status != NEEDS_REGRADE:
                     break

@@ -319,8 +319,9 @@ def _serve(db: Database, folder: Path, args: argparse.Namespace) -> int:
     import uvicorn
 
     from grader.serve import queue
-    from grader.serve.app import Service, create_app
+    from grader.serve.app import create_app
     from grader.serve.backend import EngineBackend
+    from grader.serve.service import Service
 
     options = grade_cmd.options_from_args(args)
     if options.slurm is not None:

@@ -44,10 +44,10 @@ from grader.speed import (
     roofline,
     stats,
     student_calls,
-    thresholds,
     workload,
 )
 from grader.speed.in_process import measure_replayed
+from grader.speed.thresholds import calibrated, speed_curves
 
 YOURS = "yours"
 IN_PROCESS = "yours (in-process)"  # --in-process: the student's call itself, timed beside its replay
@@ -164,8 +164,8 @@ def measure_part_table(exercise: Exercise, part: Part, module, *, baselines: lis
     return result
 
 
-def table_rows(result: dict[str, Any], part: Part, limits: thresholds.Thresholds | None,
-               curve: thresholds.Curve | None = None) -> list[dict[str, Any]]:
+def table_rows(result: dict[str, Any], part: Part, limits: calibrated.Thresholds | None,
+               curve: speed_curves.Curve | None = None) -> list[dict[str, Any]]:
     """Flat rows for the table and the plot: one per (benchmark, implementation); the credit with the course's
     ``curve`` where it sets one."""
     roof = result["roofline"]
@@ -330,13 +330,13 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         limits = credit.load_thresholds()
-    except thresholds.ThresholdsError as exc:
+    except calibrated.ThresholdsError as exc:
         print(f"grader bench: {exc} (credit not shown)", file=sys.stderr)
         limits = None
     course = args.course or os.environ.get("GRADER_COURSE")
     try:
-        curves = thresholds.course_curves(course) if course else {}
-    except thresholds.ThresholdsError as exc:
+        curves = speed_curves.course_curves(course) if course else {}
+    except calibrated.ThresholdsError as exc:
         print(f"grader bench: --course: {exc}", file=sys.stderr)
         return 2
     print(f"grader bench {exercise.name} --impl {args.impl}: {mode.description}")
@@ -350,7 +350,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"grader bench: {' / '.join(part.functions)} is not implemented yet — see {exercise.handout}",
                   file=sys.stderr)
             return 1
-        curve = thresholds.curve_for(curves, exercise.name, part.name)
+        curve = speed_curves.curve_for(curves, exercise.name, part.name)
         rows = table_rows(result, part, limits, curve)
         render(result, rows)
         if curve is not None:

@@ -22,12 +22,12 @@ import torch
 
 from grader.checks.spec import Part
 from grader.checks.verdicts import Verdict
-from grader.speed import thresholds as thresholds_mod
 from grader.speed.credit_messages import SIDE_BY_SIDE, calibration_note, kernel_name, launch_configs, row_message
 from grader.speed.measure import REFERENCE, STUDENT, BenchmarkTiming, SpeedMeasurement
 from grader.speed.plan import LaunchPlan
 from grader.speed.stats import RatioInterval
-from grader.speed.thresholds import Threshold, Thresholds
+from grader.speed.thresholds import calibrated, gpu_files, speed_curves
+from grader.speed.thresholds.calibrated import Threshold, Thresholds
 from grader.speed.trust_checks import baseline_drift, distrust, unfair_gpu
 from grader.speed.trusted import REPLAY_MISMATCH
 from grader.speed.workload import Work, benchmark_work, roofline_numbers, roofline_of
@@ -42,12 +42,12 @@ NEEDS_REGRADE = "needs regrade"  # this GPU cannot grade speed now (not calibrat
 
 def load_thresholds(gpu_name: str | None = None) -> Thresholds | None:
     """This GPU's thresholds (``$GRADER_THRESHOLDS`` first); None when it is not calibrated.
-    Raises :class:`grader.speed.thresholds.ThresholdsError` for an invalid file."""
+    Raises :class:`~grader.speed.thresholds.calibrated.ThresholdsError` for an invalid file."""
     if gpu_name is None:
         if not torch.cuda.is_available():
             return None
         gpu_name = torch.cuda.get_device_name()
-    return thresholds_mod.find(gpu_name)
+    return gpu_files.find(gpu_name)
 
 
 def thresholds_summary(gpu_name: str | None = None) -> str:
@@ -55,7 +55,7 @@ def thresholds_summary(gpu_name: str | None = None) -> str:
     try:
         gpu_name = gpu_name or torch.cuda.get_device_name()
         found = load_thresholds(gpu_name)
-    except thresholds_mod.ThresholdsError as exc:
+    except calibrated.ThresholdsError as exc:
         return f"speed thresholds: {exc}"
     if found is None:
         return (f"speed thresholds: this GPU ({gpu_name}) is not calibrated — speed tests use the calibrated GPUs' "
@@ -64,7 +64,7 @@ def thresholds_summary(gpu_name: str | None = None) -> str:
 
 
 def resolve_threshold(part: Part, label: str, thresholds: Thresholds | None,
-                      curve: thresholds_mod.Curve | None = None) -> tuple[Threshold, str]:
+                      curve: speed_curves.Curve | None = None) -> tuple[Threshold, str]:
     """The threshold for one benchmark and where it comes from: "calibrated" (this GPU's file),
     "portable" (the most lenient calibrated GPU) or "default"; with the course's ``curve`` applied."""
     exercise = part.exercise.name if part.exercise else "?"
@@ -75,10 +75,10 @@ def resolve_threshold(part: Part, label: str, thresholds: Thresholds | None,
         if entry is not None and entry.baseline == baseline:
             found = entry, "calibrated"
     if found is None:
-        entries, _ = thresholds_mod.portable()
+        entries, _ = gpu_files.portable()
         entry = entries.get((exercise, part.name, label))
         found = (entry, "portable") if entry is not None and entry.baseline == baseline else (
-            thresholds_mod.default(baseline), "default")
+            gpu_files.default(baseline), "default")
     return (curve.apply(found[0]) if curve is not None else found[0]), found[1]
 
 
@@ -182,8 +182,8 @@ def side_by_side(row: BenchmarkTiming | None, baseline: str) -> Threshold | None
     if not reference_ms or not baseline_ms:
         return None
     rr = baseline_ms / reference_ms
-    return Threshold(baseline, reference_ms, baseline_ms, full=thresholds_mod.FULL_FRACTION * rr,
-                     partial=thresholds_mod.PARTIAL_FRACTION * rr, reference_ratio=rr)
+    return Threshold(baseline, reference_ms, baseline_ms, full=speed_curves.FULL_FRACTION * rr,
+                     partial=speed_curves.PARTIAL_FRACTION * rr, reference_ratio=rr)
 
 
 def _beside(out: BenchmarkCredit, interval: RatioInterval, threshold: Threshold) -> None:
@@ -210,7 +210,7 @@ class SpeedCredit:
 
 def part_credit(part: Part, measurement: SpeedMeasurement, *, recheck: Verdict,
                 thresholds: Thresholds | None, roofline: dict[str, Any] | None = None,
-                curve: thresholds_mod.Curve | None = None, labels: Iterable[str] | None = None) -> SpeedCredit:
+                curve: speed_curves.Curve | None = None, labels: Iterable[str] | None = None) -> SpeedCredit:
     """Credit for a part (its benchmarks ``labels``, default all) from its measurement and the verdict on its
     post-timing recheck, on the course's speed ``curve`` where it sets one."""
     roofline = roofline_of(thresholds) if roofline is None else roofline
@@ -276,7 +276,7 @@ class SpeedVerdict:
 
 
 def judge(part: Part, measurement: SpeedMeasurement, *, recheck: Verdict, thresholds: Thresholds | None,
-          curve: thresholds_mod.Curve | None = None, labels: Iterable[str] | None = None,
+          curve: speed_curves.Curve | None = None, labels: Iterable[str] | None = None,
           roofline: dict[str, Any] | None = None, require_calibration: bool = True) -> SpeedVerdict:
     """The speed verdict on a part (its benchmarks ``labels``, default all): no credit and flags where the
     measurement cannot be trusted; else the credit against ``thresholds`` on the course's ``curve``. With

@@ -8,9 +8,9 @@ import json
 import math
 from typing import TYPE_CHECKING, Any
 
-from grader.speed import thresholds as thresholds_mod
 from grader.speed.plan import LaunchPlan
-from grader.speed.thresholds import Thresholds
+from grader.speed.thresholds import calibrated, gpu_files
+from grader.speed.thresholds.calibrated import Thresholds
 
 if TYPE_CHECKING:
     from grader.speed.credit import BenchmarkCredit
@@ -117,12 +117,12 @@ def calibration_note(gpu: str, rows: list[BenchmarkCredit], thresholds: Threshol
     if sources == {"calibrated"} and thresholds is not None:
         return f"thresholds: {thresholds.where} (calibrated on {thresholds.gpu})"
     try:
-        where = thresholds_mod.display_path(thresholds_mod.path_for(gpu))
-    except thresholds_mod.ThresholdsError:
+        where = calibrated.display_path(gpu_files.path_for(gpu))
+    except calibrated.ThresholdsError:
         where = "a thresholds file"
-    _, used = thresholds_mod.portable()
+    _, used = gpu_files.portable()
     basis = (f"the most lenient ratios of the calibrated GPUs ({', '.join(used)})" if "portable" in sources
-             else f"default ratios ({thresholds_mod.DEFAULT_FULL}× {rows[0].baseline if rows else 'baseline'} "
+             else f"default ratios ({gpu_files.DEFAULT_FULL}× {rows[0].baseline if rows else 'baseline'} "
                   "for full credit)")
     missing = "" if thresholds is None else f" ({thresholds.where} has no entry for some benchmarks)"
     return (f"this GPU ({gpu}) is not calibrated{missing}: no {where}; required speeds are {basis}. "

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from grader.speed import thresholds as thresholds_mod
+from grader.speed.thresholds import calibrated
 
 MARGIN = 1.5  # impossible: the work would need more than MARGIN × the limit
 
@@ -40,10 +40,10 @@ class Limits:
     source: str  # "datasheet" or "calibration"
 
 
-def for_gpu(gpu_name: str, thresholds: thresholds_mod.Thresholds | None) -> Limits | None:
+def for_gpu(gpu_name: str, thresholds: calibrated.Thresholds | None) -> Limits | None:
     try:
-        slug = thresholds_mod.slug(gpu_name)
-    except thresholds_mod.ThresholdsError:
+        slug = calibrated.slug(gpu_name)
+    except calibrated.ThresholdsError:
         slug = ""
     if slug in DATASHEETS:
         bandwidth, tflops = DATASHEETS[slug]

@@ -165,7 +165,7 @@ class Replay:
 
 
 def _view(view: View | None, storages: list[torch.UntypedStorage]) -> torch.Tensor:
-    assert view is not None  # plan.problems() refused plans without one
+    assert view is not None  # plan_checks.problems() refused plans without one
     dtype = _DTYPES[view.dtype]
     itemsize = torch.empty(0, dtype=dtype).element_size()
     return torch.empty(0, dtype=dtype, device="cuda").set_(storages[view.buffer], view.offset // itemsize,

@@ -11,7 +11,7 @@ from grader.checks.spec import Part
 from grader.speed import gpu_limits
 from grader.speed.credit_messages import fmt_ms
 from grader.speed.measure import STUDENT, SpeedMeasurement
-from grader.speed.thresholds import Thresholds
+from grader.speed.thresholds.calibrated import Thresholds
 from grader.speed.trusted import REPLAY_MISMATCH
 from grader.speed.workload import benchmark_work
 

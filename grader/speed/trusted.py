@@ -28,7 +28,7 @@ import torch
 
 from grader.checks import tensors
 from grader.checks.spec import Benchmark, Case, Part
-from grader.speed import measure
+from grader.speed import measure, plan_checks
 from grader.speed import plan as plan_mod
 from grader.speed import replay as replay_mod
 from grader.speed.stats import StopRule
@@ -156,7 +156,7 @@ def _prepare(prepared: Prepared, plan: plan_mod.LaunchPlan, folder: Path) -> Non
     sources = measure.input_sets(part, bench, 1, device="cuda")
     input_bytes = {k: v.untyped_storage().nbytes() for k, v in sources[0].items() if isinstance(v, torch.Tensor)}
     del sources
-    refused = plan_mod.problems(plan, input_bytes, output_names=tuple(plan.outputs))
+    refused = plan_checks.problems(plan, input_bytes, output_names=tuple(plan.outputs))
     if refused:
         prepared.row.error = ("not measurable: the recorded launches cannot be replayed safely: "
                               + "; ".join(refused[:3]))

@@ -13,7 +13,7 @@ from typing import Any
 from grader.checks import tensors
 from grader.checks.spec import Benchmark, Inputs, Part
 from grader.speed.measure import cpu_inputs
-from grader.speed.thresholds import Thresholds
+from grader.speed.thresholds.calibrated import Thresholds
 
 
 @dataclass(frozen=True)

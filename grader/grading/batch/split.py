@@ -40,7 +40,8 @@ from grader.grading.batch import exits, gpus, markers
 from grader.grading.batch.context import Context, Terminated, UsageError, signals_held
 from grader.grading.batch.progress import Progress
 from grader.grading.batch.scheduler import Task, task_key
-from grader.grading.isolation import processes, threads
+from grader.grading.isolation import threads
+from grader.grading.isolation.parent_death import die_with_parent
 from grader.grading.results import store
 
 FOLDER = "processes"  # under OUT/staff: the runs each share was given
@@ -270,7 +271,7 @@ class _Child:
         env = {k: v for k, v in os.environ.items() if k != "GRADER_SECRET"}
         try:
             child = subprocess.Popen(argv, env={**env, **share.env}, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, preexec_fn=processes.die_with_parent(signal.SIGTERM))
+                                     stderr=subprocess.STDOUT, preexec_fn=die_with_parent(signal.SIGTERM))
         except OSError as exc:
             self.note(f"grader grade: {share.label}: could not start its grader process: {exc}")
             return None

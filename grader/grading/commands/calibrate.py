@@ -30,11 +30,11 @@ from grader import exercises
 from grader.checks import loader, runtime, verdicts
 from grader.checks.spec import Exercise, Part
 from grader.speed import in_process, measure, probes, stats
-from grader.speed import thresholds as th
+from grader.speed.thresholds import calibrated, gpu_files, speed_curves
 
 # The same fractions of the reference's speed as grading beside the yardstick uses.
-FULL_MARGIN = th.FULL_FRACTION
-PARTIAL_MARGIN = th.PARTIAL_FRACTION
+FULL_MARGIN = speed_curves.FULL_FRACTION
+PARTIAL_MARGIN = speed_curves.PARTIAL_FRACTION
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ def full_factor(full_margin: float, partial_margin: float, ratio_cv: float) -> f
 
 
 def threshold_from_runs(baseline: str, runs: Sequence[Run], *, full_margin: float = FULL_MARGIN,
-                        partial_margin: float = PARTIAL_MARGIN) -> th.Threshold:
+                        partial_margin: float = PARTIAL_MARGIN) -> calibrated.Threshold:
     """The thresholds entry for one benchmark from its repeats."""
     if not runs:
         raise ValueError("no runs to calibrate from")
@@ -67,7 +67,7 @@ def threshold_from_runs(baseline: str, runs: Sequence[Run], *, full_margin: floa
     ratios = [r.ratio for r in runs]
     ratio = statistics.median(ratios)
     spread = stats.cv(ratios)
-    return th.Threshold(
+    return calibrated.Threshold(
         baseline=baseline,
         reference_ms=statistics.median(r.reference_ms for r in runs),
         baseline_ms=statistics.median(r.baseline_ms for r in runs),
@@ -102,7 +102,7 @@ def calibrate(
     recheck: bool = True,
     log: Callable[[str], None] = print,
     parts: list[tuple[Exercise, Part]] | None = None,
-) -> tuple[th.Thresholds, list[dict[str, Any]]]:
+) -> tuple[calibrated.Thresholds, list[dict[str, Any]]]:
     """Measure and return this GPU's thresholds and the raw rows (CUDA only). ``parts`` overrides
     the choice by ``names`` (default: the speed-graded parts)."""
     import torch
@@ -115,7 +115,7 @@ def calibrate(
     roof = probes.roofline(dtypes)
     log(f"roofline: copy {roof['copy_gbps']:.0f} GB/s; matmul "
         + ", ".join(f"{d} {v:.0f} TFLOP/s" for d, v in roof["matmul_tflops"].items()))
-    entries: dict[th.Key, th.Threshold] = {}
+    entries: dict[calibrated.Key, calibrated.Threshold] = {}
     rows: list[dict[str, Any]] = []
     for exercise, part in parts:
         module = loader.load(impl_root, exercise, part.functions)
@@ -146,12 +146,12 @@ def calibrate(
         "calibration": {"full_margin": full_margin, "partial_margin": partial_margin, "repeats": repeats,
                         "budget_s": budget_s, "timing": TIMING},
     }
-    result = th.Thresholds(torch.cuda.get_device_name(), entries, None, roof["copy_gbps"],
+    result = calibrated.Thresholds(torch.cuda.get_device_name(), entries, None, roof["copy_gbps"],
                            roof["matmul_tflops"], meta)
     return result, rows
 
 
-def merge(new: th.Thresholds, old: th.Thresholds | None) -> th.Thresholds:
+def merge(new: calibrated.Thresholds, old: calibrated.Thresholds | None) -> calibrated.Thresholds:
     """``new`` plus the entries of ``old`` (same GPU) that were not recalibrated."""
     if old is None or old.gpu != new.gpu:
         return new
@@ -159,14 +159,14 @@ def merge(new: th.Thresholds, old: th.Thresholds | None) -> th.Thresholds:
     entries.update(new.entries)
     matmul = dict(old.matmul_tflops)
     matmul.update(new.matmul_tflops)
-    return th.Thresholds(new.gpu, entries, new.path, new.copy_gbps, matmul, new.meta)
+    return calibrated.Thresholds(new.gpu, entries, new.path, new.copy_gbps, matmul, new.meta)
 
 
 def output_path(out: str | None, gpu: str) -> Path:
     if not out:
-        return th.path_for(gpu)
+        return gpu_files.path_for(gpu)
     path = Path(out)
-    return path / f"{th.slug(gpu)}.toml" if path.is_dir() or not path.suffix else path
+    return path / f"{calibrated.slug(gpu)}.toml" if path.is_dir() or not path.suffix else path
 
 
 HEADER = (
@@ -175,17 +175,17 @@ HEADER = (
 )
 
 
-def write(result: th.Thresholds, path: Path, log: Callable[[str], None] = print) -> Path:
+def write(result: calibrated.Thresholds, path: Path, log: Callable[[str], None] = print) -> Path:
     old = None
     if path.is_file():
         try:
-            old = th.load(path)
-        except th.ThresholdsError as exc:
+            old = gpu_files.load(path)
+        except calibrated.ThresholdsError as exc:
             log(f"replacing an invalid file: {exc}")
         if old is not None and old.gpu != result.gpu:
             log(f"replacing {path}: it was calibrated on {old.gpu}, this GPU is {result.gpu}")
     merged = merge(result, old)
-    return th.write(merged, path, header=HEADER)
+    return gpu_files.write(merged, path, header=HEADER)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -27,9 +27,9 @@ import torch
 from grader.checks import compare, integrity, interpreter_limits, tensors, verdicts
 from grader.checks.call_records import Execution
 from grader.checks.spec import Case, Exercise, Inputs, Part
+from grader.grading.exercise_run.case_references import CaseReferences
 from grader.grading.exercise_run.plan import Item
-from grader.grading.exercise_run.references import CaseReferences
-from grader.grading.exercise_run.supervise import Run
+from grader.grading.exercise_run.supervised_run import Run
 from grader.grading.isolation import protocol
 from grader.grading.results.results import (
     ERROR,
@@ -46,7 +46,8 @@ from grader.grading.results.results import (
     PartResult,
     SpeedResult,
 )
-from grader.speed import credit, thresholds
+from grader.speed import credit
+from grader.speed.thresholds import calibrated, speed_curves
 
 # --profile: summed over the judging threads, and counted in "judge (grader)" as well
 RECHECK_STEP = "speed: judging the recheck, before the timing"
@@ -103,7 +104,7 @@ class ExerciseJudge:
     """Collects the verdicts of one exercise run, reply by reply (``on_reply``), then assembles the parts."""
 
     def __init__(self, exercise: Exercise, *, device: str, student_dir: str, gpu_name: str | None = None,
-                 curves: Mapping[str, thresholds.Curve] | None = None,
+                 curves: Mapping[str, speed_curves.Curve] | None = None,
                  references: CaseReferences | None = None):
         self.exercise = exercise
         self.references = references  # the batch's stored references (None: each computed here)
@@ -224,10 +225,10 @@ class ExerciseJudge:
                                           "on the benchmark's inputs: " + recheck.message))
         try:
             limits = credit.load_thresholds(measurement.gpu)
-        except thresholds.ThresholdsError as exc:
+        except calibrated.ThresholdsError as exc:
             return SpeedResult(NEEDS_REGRADE, f"speed: the thresholds file is not usable: {exc}")
         verdict = credit.judge(part, measurement, recheck=recheck, thresholds=limits,
-                               curve=thresholds.curve_for(self.curves, self.exercise.name, part.name))
+                               curve=speed_curves.curve_for(self.curves, self.exercise.name, part.name))
         for rule, message in verdict.flags:
             state.flag(integrity.Flag(rule, message), scope="speed")
         return SpeedResult(verdict.status, verdict.message, verdict.fraction, verdict.rows, verdict.calibrated,

@@ -7,9 +7,9 @@ stores them, every later run loads them. The store lives in the output folder (`
 no sandbox ever shows to student code.
 
 Every record is signed: an HMAC-SHA256, keyed by the batch's secret, over the record's identity (the exercise,
-the part, the case, the exercise spec's source and the torch version that computed it) and its bytes. A record
-that was changed, truncated, or copied from another batch (another secret) fails the check: it is refused by
-name (a warning, and :attr:`ReferenceStore.refused`) and computed again, never used.
+the part, the case, the source of the module that defines the part's reference and the torch version that computed
+it) and its bytes. A record that was changed, truncated, or copied from another batch (another secret) fails the
+check: it is refused by name (a warning, and :attr:`ReferenceStore.refused`) and computed again, never used.
 
 A record stored or read once is kept in the grader's memory (:data:`KEPT_BYTES` of the latest, per store) while its
 file is unchanged: every student of a batch runs the same cases, and reading, checking and unpickling a FlashAttention
@@ -25,6 +25,8 @@ Runs that need a record nobody stored yet compute it once: within a process they
 across processes (a batch split over one grader process per GPU, Slurm array tasks on a shared folder) each
 computation holds a lock file beside the record (``flock``), and a process that finds it held waits, then loads
 what the other stored. Where the filesystem has no such locks (or one is held too long), each process computes its own.
+
+An exercise run sees the store through :class:`~.case_references.CaseReferences`.
 """
 
 from __future__ import annotations
@@ -64,10 +66,6 @@ DRAW_WAIT_S = 600.0  # the longest a run waits for another's drawing before draw
 
 Record = tuple[Inputs, dict[str, torch.Tensor]]  # a case's inputs and its reference outputs
 Compute = Callable[[Part, Inputs], dict[str, Any]]  # how a reference is computed: on the CPU, or a GPU's
-# where a run's time with the store went (grader grade --profile); waiting: for a record another run computes now, and
-# loading it then
-LOADING, COMPUTING, WAITING = ("references: loading stored ones", "references: computing",
-                               "references: waiting for another run's")
 
 
 def _on_cpu(part: Part, inputs: Inputs) -> dict[str, Any]:
@@ -323,54 +321,6 @@ def _nbytes(record: tuple[dict[str, Any], ...]) -> int:
                 storage = value.untyped_storage()
                 storages[storage.data_ptr()] = storage.nbytes()
     return sum(storages.values())
-
-
-class CaseReferences:
-    """One exercise run's view of the store: :meth:`inputs` for the request, then :meth:`expected` for the
-    verdict (loaded with the inputs, or computed from them and stored)."""
-
-    def __init__(self, store: ReferenceStore, exercise: str, *, compute: Compute | None = None):
-        self.store, self.exercise, self.compute = store, exercise, compute
-        self.computed = self.reused = 0  # this run's, for grader grade --profile
-        # seconds spent loading stored records, computing references, waiting for another run's (--profile)
-        self.seconds = {LOADING: 0.0, COMPUTING: 0.0, WAITING: 0.0}
-        self._loaded: dict[tuple[str, str], dict[str, torch.Tensor]] = {}
-        self._lock = threading.Lock()
-
-    @staticmethod
-    def _key(part: Part, case: Case) -> tuple[str, str]:
-        return part.name, json.dumps(case.to_dict(), sort_keys=True, default=str)
-
-    def inputs(self, part: Part, case: Case) -> Inputs:
-        start = time.monotonic()
-        found = self.store.load(self.exercise, part, case)
-        self._spent(LOADING, start)
-        inputs, expected = found if found is not None else self.store.draw(self.exercise, part, case)
-        if expected is None:  # drawn: no record holds the case yet
-            return inputs
-        with self._lock:
-            self._loaded[self._key(part, case)] = expected
-            self.reused += 1
-        return inputs
-
-    def expected(self, part: Part, case: Case, inputs: Inputs) -> dict[str, Any]:
-        with self._lock:  # kept, not popped: two items may put the same case
-            expected = self._loaded.get(self._key(part, case))
-        if expected is not None:
-            return expected
-        start = time.monotonic()
-        expected, computed = self.store.reference(self.exercise, part, case, inputs, compute=self.compute)
-        self._spent(COMPUTING if computed else WAITING, start)
-        with self._lock:
-            if computed:
-                self.computed += 1
-            else:
-                self.reused += 1
-        return expected
-
-    def _spent(self, what: str, since: float) -> None:
-        with self._lock:
-            self.seconds[what] += time.monotonic() - since
 
 
 LOCK_WAIT_S = 120.0  # the longest a process waits for another's computation (or a stale NFS lock) before computing

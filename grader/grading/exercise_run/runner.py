@@ -21,8 +21,10 @@ from grader.checks.spec import Exercise
 from grader.grading.config import RunSettings
 from grader.grading.exercise_run import gpu_references, references, supervise, timer_process, workers, yardstick_plans
 from grader.grading.exercise_run import plan as plan_mod
+from grader.grading.exercise_run.case_references import CaseReferences
 from grader.grading.exercise_run.judging import GRADER_FAULT, ExerciseJudge, grader_error
 from grader.grading.exercise_run.slots import Slot
+from grader.grading.exercise_run.supervised_run import Run
 from grader.grading.isolation import protocol
 from grader.grading.results.results import (
     ERROR,
@@ -34,7 +36,8 @@ from grader.grading.results.results import (
     PartResult,
     SpeedResult,
 )
-from grader.speed import credit, thresholds, workload
+from grader.speed import credit, workload
+from grader.speed.thresholds import speed_curves
 
 TIMER_STEP = "speed: trusted timer"
 CREDIT_STEP = "speed: judging the timed runs"
@@ -74,7 +77,7 @@ def grade_exercise(exercise: Exercise, root: Path, *, settings: RunSettings, scr
         # the kernels' files as the worker reports them: under its view of the tree
         student_dir = os.path.join(seen_root, exercise.name) if settings.sandbox else os.path.realpath(path.parent)
         on_gpu = gpu_references.for_slot(slot)  # the float64 references on the slot's GPU, if it has one
-        refs = references.CaseReferences(settings.references or references.local(settings.secret), exercise.name,
+        refs = CaseReferences(settings.references or references.local(settings.secret), exercise.name,
                                          compute=on_gpu.compute if on_gpu is not None else None)
         judge = ExerciseJudge(exercise, device=settings.device, student_dir=student_dir, gpu_name=settings.gpu_name,
                               curves=settings.speed_curves, references=refs)
@@ -88,7 +91,7 @@ def grade_exercise(exercise: Exercise, root: Path, *, settings: RunSettings, scr
                                if timed else None, exercise.name, settings)
         recorded = _Recorded(groups, timer, exercise.name, judge, yardstick)
 
-        def run_group(group: list) -> supervise.Run:
+        def run_group(group: list) -> Run:
             began = time.monotonic()
             try:
                 return supervise.run(exercise, root, group, settings, scratch=scratch, cache_dir=cache_dir,
@@ -102,7 +105,7 @@ def grade_exercise(exercise: Exercise, root: Path, *, settings: RunSettings, scr
             if len(groups) == 1:
                 run = run_group(groups[0])
             else:  # each group in workers of its own, side by side: the exercise takes as long as the longest
-                run = supervise.Run.merged(_side_by_side(groups, run_group))
+                run = Run.merged(_side_by_side(groups, run_group))
             if on_workers_ended is not None:
                 on_workers_ended()
             if run.to_time:  # every process of the student's has ended: one trusted timer times every part
@@ -163,7 +166,7 @@ def _groups(items: list, settings: RunSettings) -> list[list]:
     return list(groups.values())
 
 
-def _side_by_side(groups: list[list], run_group: Callable[[list], supervise.Run]) -> list[supervise.Run]:
+def _side_by_side(groups: list[list], run_group: Callable[[list], Run]) -> list[Run]:
     """Each group in workers of its own, at once; their runs, in the groups' order."""
     with concurrent.futures.ThreadPoolExecutor(len(groups), thread_name_prefix="part") as pool:
         return list(pool.map(run_group, groups))
@@ -273,9 +276,9 @@ class _Yardstick:
     def boundaries(self, part: str) -> list[float]:
         """The credit's boundaries in the timer's ratio (reference / student): the course's reference curve, else
         the default fractions; none for a curve against the baseline (the rounds then stop on a ±1 % ratio)."""
-        curve = thresholds.curve_for(self.settings.speed_curves, self.exercise, part)
+        curve = speed_curves.curve_for(self.settings.speed_curves, self.exercise, part)
         if curve is None:
-            return [thresholds.PARTIAL_FRACTION, thresholds.FULL_FRACTION]
+            return [speed_curves.PARTIAL_FRACTION, speed_curves.FULL_FRACTION]
         return [curve.partial, curve.full] if curve.of == "reference" else []
 
     def notes(self) -> list[str]:

@@ -5,9 +5,10 @@ The grader starts a worker (:mod:`grader.grading.isolation.worker`) in a sandbox
 sandbox) with two pipes of its own, sends the job, then one request per item and waits for the reply, within
 a limit per call (the ``call_timeout_s``, plus the timing budget for speed) and for the whole exercise
 (``timeout_s``). While the worker runs an item, the grader builds the next item's request, so that it goes out as
-soon as the reply comes; replies are judged (``on_reply``) in order on a thread of their own, so that judging (a
-float64 reference computed, or awaited from another run of the batch that is computing it) never keeps the worker
-waiting.
+soon as the reply comes (every request is built by :mod:`.item_requests`); replies are judged (``on_reply``) in
+order on a thread of their own (:mod:`.judging_thread`), so that judging (a float64 reference computed, or awaited
+from another run of the batch that is computing it) never keeps the worker waiting. What the workers did comes
+back as a :class:`~.supervised_run.Run`.
 
 A fault costs only its own check. An exception, ``NotImplementedError`` included, is that item's reply and the
 next item runs. A worker that crashes or overruns a call's limit is stopped (with every process it started), the
@@ -32,64 +33,21 @@ fault (:class:`WorkerStartError`), never the student's.
 
 from __future__ import annotations
 
-import queue
-import threading
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 
-from grader.checks import tensors
-from grader.checks.spec import Exercise, Inputs
+from grader.checks.spec import Exercise
 from grader.grading.config import RunSettings
 from grader.grading.exercise_run import workers
+from grader.grading.exercise_run.case_references import CaseReferences
+from grader.grading.exercise_run.item_requests import ahead_requests, describe, request_for
+from grader.grading.exercise_run.judging_thread import JudgingThread
 from grader.grading.exercise_run.plan import Item
-from grader.grading.exercise_run.references import CaseReferences
+from grader.grading.exercise_run.supervised_run import Run
 from grader.grading.exercise_run.workers import GRACE_S  # noqa: F401 - part of this module's interface
 from grader.grading.isolation import protocol
 from grader.grading.isolation.gpu_arbiter import GpuArbiter
-
-
-@dataclass
-class Run:
-    """What the workers did with a plan: a reply per item, or why there is none."""
-
-    replies: dict[str, protocol.ItemReply] = field(default_factory=dict)
-    failed: dict[str, str] = field(default_factory=dict)  # item id -> why it has no reply
-    not_run: dict[str, str] = field(default_factory=dict)  # item id -> why it was not sent (not implemented, ...)
-    loaded: bool = False
-    load_errors: dict[str, protocol.LoadFailure] = field(default_factory=dict)
-    problems: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)  # for the student, not failures (a long compilation)
-    logs: list[str] = field(default_factory=list)
-    profile: dict[str, float] = field(default_factory=dict)  # seconds per step
-    cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds of the workers per step
-    to_time: list[tuple[Item, protocol.RunSpeed, protocol.SpeedDone]] = field(default_factory=list)  # defer_speed
-
-    def add_time(self, step: str, seconds: float) -> None:
-        self.profile[step] = self.profile.get(step, 0.0) + seconds
-
-    def add_cpu(self, step: str, seconds: float) -> None:
-        self.cpu[step] = self.cpu.get(step, 0.0) + seconds
-
-    @classmethod
-    def merged(cls, runs: list[Run]) -> Run:
-        """The runs of one exercise's parts (each in workers of its own) as one."""
-        out = cls(loaded=bool(runs) and all(r.loaded for r in runs))
-        for run in runs:
-            out.replies.update(run.replies)
-            out.failed.update(run.failed)
-            out.not_run.update(run.not_run)
-            out.load_errors.update(run.load_errors)
-            out.problems += [p for p in run.problems if p not in out.problems]
-            out.notes += [n for n in run.notes if n not in out.notes]
-            out.logs += run.logs
-            out.to_time += run.to_time
-            for step, seconds in run.profile.items():
-                out.add_time(step, seconds)
-            for step, seconds in run.cpu.items():
-                out.add_cpu(step, seconds)
-        return out
 
 
 class WorkerStartError(RuntimeError):
@@ -115,61 +73,6 @@ DOING = {protocol.RunCase: "a case", protocol.RunBadInput: "a bad input", protoc
          protocol.CompileAhead: "compiling ahead"}
 
 
-def describe(item: Item | None, exercise: Exercise) -> str:
-    if item is None:
-        return f"importing {exercise.module}.py"
-    what = {"example": "example case", "random": "random case", "integrity": "integrity case",
-            "fresh": "fresh-input case", "bad_input": "bad-input check", "speed": "speed measurement"}
-    text = f"running the {item.part.name} {what.get(item.role, item.role + ' check')}"
-    return text + (f" {item.case.label}" if item.case is not None else "")
-
-
-def _request(item: Item, references: CaseReferences | None) -> protocol.Request:
-    def inputs(case):
-        return item.part.make_inputs(case) if references is None else references.inputs(item.part, case)
-
-    if item.role == "bad_input":
-        return protocol.RunBadInput(item.id, item.part.name, int(item.index or 0))
-    if item.role == "speed":
-        recheck = inputs(item.recheck) if item.recheck is not None else None
-        return protocol.RunSpeed(item.id, item.part.name, item.budget_s, recheck)
-    if item.case is None:
-        return protocol.RunExtra(item.id, item.part.name, item.role)
-    return protocol.RunCase(item.id, item.part.name, inputs(item.case), item.full)
-
-
-def ahead_requests(items: list[Item], load_errors: Mapping[str, str]) -> list[protocol.CompileAhead]:
-    """What a worker compiles ahead before ``items``, as requests: per part, its cases' inputs on the meta device
-    (no values), one per distinct signature; then, per part with a speed item, its benchmarks' (compiled as the
-    speed measurement compiles). Nothing for a part whose module did not load."""
-    cases: dict[str, dict[tuple, Inputs]] = {}
-    benchmarks: dict[str, list[Inputs]] = {}
-    for item in items:
-        part = item.part
-        speed = item.role == "speed"
-        if (part.name in load_errors or item.role == "bad_input" or (item.case is None and not speed)
-                or (speed and part.name in benchmarks)):
-            continue
-        try:
-            with tensors.generated_on("meta"):
-                if speed:
-                    benchmarks[part.name] = [part.make_inputs(bench.case) for bench in part.benchmarks]
-                else:
-                    inputs = part.make_inputs(item.case)
-                    cases.setdefault(part.name, {}).setdefault(_signature(inputs), inputs)
-        except Exception:  # inputs whose building reads values: these calls compile when they run
-            continue
-    return ([protocol.CompileAhead(f"compile-ahead-{part}", part, list(signatures.values()))
-             for part, signatures in cases.items()]
-            + [protocol.CompileAhead(f"compile-ahead-speed-{part}", part, signatures, benchmarks=True)
-               for part, signatures in benchmarks.items() if signatures])
-
-
-def _signature(inputs: Inputs) -> tuple:
-    return tuple((name, (tuple(v.shape), v.stride(), str(v.dtype)) if hasattr(v, "stride") else repr(v))
-                 for name, v in sorted(inputs.items()))
-
-
 def run(exercise: Exercise, root: Path, items: list[Item], settings: RunSettings, *, scratch: Path,
         cache_dir: Path | None = None,
         on_reply: Callable[[Item, protocol.Request, protocol.ItemReply], None] | None = None,
@@ -191,51 +94,6 @@ def run(exercise: Exercise, root: Path, items: list[Item], settings: RunSettings
     return supervision.run([it for it in items if it.skip_reason is None])
 
 
-JUDGE_BACKLOG = 64  # replies waiting to be judged, at most: each holds its inputs and outputs in memory
-
-
-class _Judging:
-    """Replies judged in order on a thread of their own. A fault of the judging is raised in the supervisor's thread
-    (at the next reply, or at :meth:`close`): the exercise needs a regrade, as if it were judged there."""
-
-    def __init__(self, on_reply: Callable[[Item, protocol.Request, protocol.ItemReply], None], name: str):
-        self.on_reply = on_reply
-        self.seconds = 0.0  # spent judging ("judge (grader)" in the profile)
-        self._queue: queue.Queue = queue.Queue(maxsize=JUDGE_BACKLOG)
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
-        self._thread.start()
-
-    def put(self, item: Item, request: protocol.Request, reply: protocol.ItemReply, *,
-            judge: Callable[[Item, protocol.Request, protocol.ItemReply], None] | None = None) -> None:
-        """Judge ``reply`` with ``judge`` (``on_reply`` by default) after the replies given before it."""
-        self._raise()
-        self._queue.put((judge or self.on_reply, item, request, reply))
-
-    def close(self) -> None:
-        """Wait until every reply given so far is judged; raise the first fault of the judging, if any."""
-        self._queue.put(None)
-        self._thread.join()
-        self._raise()
-
-    def _raise(self) -> None:
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
-
-    def _serve(self) -> None:
-        while (entry := self._queue.get()) is not None:
-            if self._error is not None:
-                continue  # the run ends with the fault: the rest is not judged
-            start = time.monotonic()
-            judge, *reply = entry
-            try:
-                judge(*reply)
-            except BaseException as exc:
-                self._error = exc
-            self.seconds += time.monotonic() - start
-
-
 class _Supervision:
     """One :func:`run`: its workers one after another, each going on with the items the last did not reach."""
 
@@ -250,7 +108,7 @@ class _Supervision:
         self.extra_fields = {it.id: dict(x.fields) for it in items for x in it.part.extra_checks if x.name == it.role}
         self.seen_root, self.grader_dir = workers.worker_view(settings, root)
         self.first_calls: set[str] = set()  # parts whose first call was made (it compiles: profiled apart)
-        self.judging: _Judging | None = None  # while run() runs, where on_reply is given
+        self.judging: JudgingThread | None = None  # while run() runs, where on_reply is given
         self.upcoming: list[Item] = []  # the items after the current one
         self.prepared: dict[str, protocol.Request] = {}  # the next item's request, built while the worker ran
         self.poisoned: list[str] = []  # set by ask(): the worker said its CUDA context is broken
@@ -263,7 +121,7 @@ class _Supervision:
 
     def run(self, remaining: list[Item]) -> Run:
         if self.on_reply is not None:
-            self.judging = _Judging(self.on_reply, f"judge {self.scratch.name}")
+            self.judging = JudgingThread(self.on_reply, f"judge {self.scratch.name}")
         try:
             self._run(remaining)
         finally:
@@ -366,7 +224,7 @@ class _Supervision:
             if item.part.name in result.load_errors:
                 result.not_run[item.id] = "the module did not load"
                 continue
-            request = self.prepared.pop(item.id, None) or _request(item, self.references)
+            request = self.prepared.pop(item.id, None) or request_for(item, self.references)
             self.current, sent = item, time.monotonic()
             if isinstance(request, protocol.RunSpeed):  # compile every candidate first; then autotune and record
                 self._warm_up(worker, item, sent)
@@ -463,7 +321,7 @@ class _Supervision:
             return
         following = self.upcoming[0]
         try:
-            self.prepared = {following.id: _request(following, self.references)}
+            self.prepared = {following.id: request_for(following, self.references)}
         except Exception:
             self.prepared = {}
 

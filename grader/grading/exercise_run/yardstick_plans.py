@@ -30,6 +30,7 @@ from grader.checks.spec import Exercise
 from grader.grading.config import RunSettings
 from grader.grading.exercise_run import plan as plan_mod
 from grader.grading.exercise_run import references, supervise
+from grader.grading.exercise_run.case_references import CaseReferences
 from grader.grading.exercise_run.slots import Slot
 from grader.grading.isolation import bytecode, protocol
 from grader.grading.results import store
@@ -111,7 +112,7 @@ def record(exercise: Exercise, root: Path, *, settings: RunSettings, slot: Slot 
     items = [item for item in plan_mod.plan(exercise, device="cuda", secret=settings.secret, random_cases=0,
                                             speed_budget_s=settings.speed_budget_s, cases_seed=settings.cases_seed)
              if item.kind == "speed"]
-    refs = references.CaseReferences(settings.references or references.local(settings.secret), exercise.name)
+    refs = CaseReferences(settings.references or references.local(settings.secret), exercise.name)
     # Connected to the GPU's arbiter like a student's worker: its autotuners time their configs alone, and it
     # pauses for the students' turns.
     scratch.mkdir(parents=True, exist_ok=True)

@@ -16,25 +16,24 @@ What this gives, and what it does not:
   CUDA reserves hundreds of GB of virtual address space at initialisation, so on CUDA the address
   space is not limited; instead the parent polls the resident memory of the run's processes and kills
   them above the limit. Both report "used more than N MB of memory".
-* stdout and stderr are read by the parent and capped: the first ``output_cap`` bytes of each are
-  kept, the rest is counted and dropped (printing never blocks or kills the student's run).
+* stdout and stderr are read by the parent and capped (:mod:`.output_capture`): the first ``output_cap`` bytes of
+  each are kept, the rest is counted and dropped (printing never blocks or kills the student's run).
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import secrets
 import signal
 import subprocess
-import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from grader.grading.isolation import proctree, reaper, threads
+from grader.grading.isolation.output_capture import Captured, OutputReader, feed
 
 POLL_S = 0.1
 # The memory watch looks again before a process growing this fast could have filled the room left below its limit
@@ -55,22 +54,6 @@ def memory_poll_s(limit: int, used: int) -> float:
 
 
 @dataclass
-class Captured:
-    data: bytes
-    total: int  # bytes the process wrote, kept or not
-
-    @property
-    def dropped(self) -> int:
-        return self.total - len(self.data)
-
-    def text(self) -> str:
-        text = self.data.decode("utf-8", errors="replace")
-        if self.dropped:
-            text += f"\n[... {self.dropped} more bytes of output not kept]"
-        return text
-
-
-@dataclass
 class Outcome:
     returncode: int | None
     timed_out: bool
@@ -88,31 +71,6 @@ class Outcome:
             return signal.Signals(-self.returncode).name
         except ValueError:
             return f"signal {-self.returncode}"
-
-
-class _Reader(threading.Thread):
-    """Drain a pipe, keeping the first ``cap`` bytes."""
-
-    def __init__(self, stream, cap: int):
-        super().__init__(name="output reader", daemon=True)
-        self.stream, self.cap = stream, cap
-        self.chunks: list[bytes] = []
-        self.kept = 0
-        self.total = 0
-
-    def run(self) -> None:
-        with contextlib.suppress(OSError, ValueError):
-            while chunk := self.stream.read1(1 << 16):
-                self.total += len(chunk)
-                if self.kept < self.cap:
-                    piece = chunk[: self.cap - self.kept]
-                    self.chunks.append(piece)
-                    self.kept += len(piece)
-        with contextlib.suppress(OSError, ValueError):
-            self.stream.close()  # here, not in stop(): closing a stream another thread reads blocks
-
-    def captured(self) -> Captured:
-        return Captured(b"".join(self.chunks), self.total)
 
 
 def minimal_env(extra: dict[str, str], home: str) -> dict[str, str]:
@@ -149,11 +107,11 @@ class Process:
         )
         with _ACTIVE_LOCK:
             _ACTIVE[self.proc.pid] = self
-        self.readers = [_Reader(self.proc.stdout, output_cap), _Reader(self.proc.stderr, output_cap)]
+        self.readers = [OutputReader(self.proc.stdout, output_cap), OutputReader(self.proc.stderr, output_cap)]
         for r in self.readers:
             r.start()
         if stdin_data is not None:
-            threading.Thread(target=_feed, args=(self.proc.stdin, stdin_data), name="worker stdin",
+            threading.Thread(target=feed, args=(self.proc.stdin, stdin_data), name="worker stdin",
                              daemon=True).start()
         self.memory_exceeded = False
         self._cpu_seen = 0.0
@@ -352,31 +310,6 @@ def run(
                       pass_fds=pass_fds, stdin_data=stdin_data)
     exited = process.wait(timeout_s)
     return process.stop(timed_out=not exited and not process.memory_exceeded)
-
-
-PR_SET_PDEATHSIG = 1  # prctl: the signal this process gets when its parent dies
-
-
-def die_with_parent(signum: int) -> Callable[[], None] | None:
-    """A ``preexec_fn`` that has the child get ``signum`` when the process that started it dies (None off Linux).
-    It runs in the child between fork and exec: nothing there but the one call."""
-    if not sys.platform.startswith("linux"):
-        return None
-    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here, before the fork
-    parent = os.getpid()
-
-    def arm() -> None:
-        prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0)
-        if os.getppid() != parent:  # it died between the fork and the prctl
-            os.kill(os.getpid(), signum)
-
-    return arm
-
-
-def _feed(stream, data: bytes) -> None:
-    with contextlib.suppress(OSError, ValueError):
-        stream.write(data)
-        stream.close()
 
 
 def _token_holders(token: str) -> list[int]:

@@ -1,17 +1,16 @@
 """The one place where the grader's and the worker's messages (:mod:`.protocol`) become the plain data that
 travels (:func:`encode`: tensors, numbers, strings, lists and dicts only) and back (:func:`decode`). What a worker
-sends is untrusted: :func:`decode` checks every field's type and raises :class:`~.protocol.ProtocolError` for
-anything else.
+sends is untrusted: :func:`decode` checks every field's type (:mod:`.wire_fields`) and raises
+:class:`~.protocol.ProtocolError` for anything else.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 
-from grader.checks.call_records import ERROR_KINDS, BadInputOutcome, Execution
+from grader.checks.call_records import BadInputOutcome, Execution
 from grader.grading.isolation.protocol import (
     BadInputDone,
     CaseDone,
@@ -40,9 +39,19 @@ from grader.grading.isolation.protocol import (
     WarmedUp,
     WarmUp,
 )
-from grader.speed.measure import BenchmarkTiming, SpeedMeasurement
-from grader.speed.plan import LaunchPlan, PlanError
-from grader.speed.stats import Stats
+from grader.grading.isolation.wire_fields import (
+    benchmark,
+    cut,
+    execution,
+    get,
+    inputs_field,
+    observation,
+    plans,
+    str_list,
+    text,
+)
+from grader.speed.measure import SpeedMeasurement
+from grader.speed.plan import LaunchPlan
 
 # ------------------------------------------------------------------------------------------ encoding
 
@@ -176,146 +185,6 @@ def _speed_done_data(message: SpeedDone) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------ decoding
 
 
-def _get(data: dict, key: str, kind: type | tuple[type, ...], what: str) -> Any:
-    if key not in data:
-        raise ProtocolError(f"{what}: no {key!r}")
-    value = data[key]
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    if isinstance(value, bool) and bool not in kinds:  # bool is an int: only where a bool is meant
-        raise ProtocolError(f"{what}: {key!r} is not {' or '.join(k.__name__ for k in kinds)}")
-    if float in kinds and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if not isinstance(value, kinds):
-        raise ProtocolError(f"{what}: {key!r} is not {' or '.join(k.__name__ for k in kinds)}")
-    return value
-
-
-MAX_TEXT = 20_000  # characters of one message from a worker (an exception's text, an error): the rest is cut
-
-
-def cut(text: str | None, limit: int = MAX_TEXT) -> str | None:
-    """``text`` within ``limit`` characters, saying how much was cut: a submission that raises a 50 MB message must
-    not make its reports, or the class report, that large."""
-    if text is None or len(text) <= limit:
-        return text
-    return f"{text[:limit]}\n[... {len(text) - limit} more characters cut: a message is kept to {limit} characters]"
-
-
-def _text(data: dict, key: str, what: str, *, optional: bool = False) -> str | None:
-    """A message or error text of the worker's, cut to :data:`MAX_TEXT`."""
-    return cut(_get(data, key, (str, type(None)) if optional else str, what))
-
-
-def _plans(value: Any, what: str) -> dict[str, LaunchPlan | str]:
-    """The recorded launch plans: a plan that is not well-formed is the student's ("not measurable"), not a
-    broken message."""
-    if not isinstance(value, dict):
-        raise ProtocolError(f"{what}: 'plans' is not a mapping")
-    plans: dict[str, LaunchPlan | str] = {}
-    for label, data in value.items():
-        if isinstance(data, dict) and isinstance(data.get("not_replayable"), str):
-            plans[str(label)] = cut(data["not_replayable"])
-            continue
-        try:
-            plans[str(label)] = LaunchPlan.from_dict(data)
-        except PlanError as exc:
-            plans[str(label)] = f"the recorded launches are malformed: {exc}"
-    return plans
-
-
-def _str_list(value: Any, what: str) -> list[str]:
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ProtocolError(f"{what} is not a list of strings")
-    return value
-
-
-def _tensor_dict(value: Any, what: str) -> dict[str, torch.Tensor]:
-    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
-                                              for k, v in value.items()):
-        raise ProtocolError(f"{what} is not a dict of tensors")
-    return value
-
-
-def _execution(data: Any, what: str) -> Execution:
-    if not isinstance(data, dict):
-        raise ProtocolError(f"{what}: no execution data")
-    outputs = data.get("outputs")
-    if outputs is not None:
-        outputs = _tensor_dict(outputs, f"{what}: outputs")
-    devices = data.get("output_devices", {})
-    if not isinstance(devices, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in devices.items()):
-        raise ProtocolError(f"{what}: output_devices is not a dict of strings")
-    error_kind = data.get("error_kind")
-    if error_kind is not None and error_kind not in ERROR_KINDS:
-        raise ProtocolError(f"{what}: unknown error kind {error_kind!r}")
-    error = data.get("error")
-    if error is not None and not isinstance(error, str):
-        raise ProtocolError(f"{what}: error is not a string")
-    error = cut(error)
-    if error_kind is None and outputs is None:
-        raise ProtocolError(f"{what}: neither outputs nor an error")
-    kernels = data.get("kernels", [])
-    if not isinstance(kernels, list) or not all(
-        isinstance(k, list) and len(k) == 2 and all(isinstance(s, str) for s in k) for k in kernels
-    ):
-        raise ProtocolError(f"{what}: kernels is not a list of (name, file) pairs")
-    return Execution(
-        outputs=outputs,
-        output_devices=devices,
-        error_kind=error_kind,
-        error=error,
-        ops=_str_list(data.get("ops", []), f"{what}: ops"),
-        kernels=[(n, f) for n, f in kernels],
-        inputs_after=_tensor_dict(data.get("inputs_after", {}), f"{what}: inputs_after"),
-        aliased=_str_list(data.get("aliased", []), f"{what}: aliased"),
-    )
-
-
-_STATS_KEYS = ("n", "median", "mean", "stdev", "min", "max", "q1", "q3")
-
-
-def _stats(data: Any, what: str) -> Stats:
-    if not isinstance(data, dict) or set(data) != set(_STATS_KEYS):
-        raise ProtocolError(f"{what} is not a set of statistics")
-    numbers = {k: _get(data, k, (int, float), what) for k in _STATS_KEYS}
-    if not all(math.isfinite(v) for v in numbers.values()) or numbers["n"] < 1:
-        raise ProtocolError(f"{what}: statistics must be finite, from at least one sample")
-    return Stats(int(numbers["n"]), *(float(numbers[k]) for k in _STATS_KEYS[1:]))
-
-
-def _benchmark(data: Any, what: str) -> BenchmarkTiming:
-    if not isinstance(data, dict):
-        raise ProtocolError(f"{what} is not a benchmark row")
-    times = _get(data, "times", dict, what)
-    return BenchmarkTiming(
-        label=_get(data, "label", str, what),
-        times={str(k): _stats(v, f"{what}: times[{k!r}]") for k, v in times.items()},
-        mode=_get(data, "mode", str, what),
-        stop=_get(data, "stop", str, what),
-        rounds=int(_get(data, "rounds", int, what)),
-        notes=_str_list(_get(data, "notes", list, what), f"{what}: notes"),
-        warmup_s=_get(data, "warmup_s", float, what),
-        timed_s=_get(data, "timed_s", float, what),
-        error=_text(data, "error", what, optional=True),
-        not_implemented=_get(data, "not_implemented", bool, what),
-        failed_baseline=_get(data, "failed_baseline", (str, type(None)), what),
-    )
-
-
-def _observation(data: Any, fields: dict[str, type | tuple[type, ...]], what: str) -> dict[str, Any]:
-    if not isinstance(data, dict) or set(data) != set(fields):
-        raise ProtocolError(f"{what}: the observation must have exactly the keys {', '.join(sorted(fields))}")
-    return {key: _get(data, key, kind, what) for key, kind in fields.items()}
-
-
-def _inputs(data: Any, what: str) -> Inputs | None:
-    if data is None:
-        return None
-    if not isinstance(data, dict):
-        raise ProtocolError(f"{what}: inputs are not a dict")
-    return data
-
-
 def decode(data: Any, *, extra_fields: dict[str, dict[str, Any]] | None = None) -> Request | Reply:
     """A message from its wire form. ``extra_fields`` maps the ids of the extra-check items the grader asked
     for to their observations' declared fields (an ExtraDone is accepted for those only)."""
@@ -334,26 +203,26 @@ def decode(data: Any, *, extra_fields: dict[str, dict[str, Any]] | None = None) 
 def _decode_request(kind: str, data: dict, what: str) -> Request | None:
     match kind:
         case "job":
-            return Job(_get(data, "exercise", str, what), _get(data, "root", str, what),
-                       _get(data, "device", str, what), _get(data, "call_timeout_s", float, what))
+            return Job(get(data, "exercise", str, what), get(data, "root", str, what),
+                       get(data, "device", str, what), get(data, "call_timeout_s", float, what))
         case "run_case":
-            return RunCase(_get(data, "id", str, what), _get(data, "part", str, what),
-                           _inputs(data.get("inputs"), what) or {}, _get(data, "full", bool, what))
+            return RunCase(get(data, "id", str, what), get(data, "part", str, what),
+                           inputs_field(data.get("inputs"), what) or {}, get(data, "full", bool, what))
         case "run_bad_input":
-            return RunBadInput(_get(data, "id", str, what), _get(data, "part", str, what),
-                               _get(data, "index", int, what))
+            return RunBadInput(get(data, "id", str, what), get(data, "part", str, what),
+                               get(data, "index", int, what))
         case "run_extra":
-            return RunExtra(_get(data, "id", str, what), _get(data, "part", str, what), _get(data, "name", str, what))
+            return RunExtra(get(data, "id", str, what), get(data, "part", str, what), get(data, "name", str, what))
         case "run_speed":
-            return RunSpeed(_get(data, "id", str, what), _get(data, "part", str, what),
-                            _get(data, "budget_s", float, what), _inputs(data.get("recheck_inputs"), what))
+            return RunSpeed(get(data, "id", str, what), get(data, "part", str, what),
+                            get(data, "budget_s", float, what), inputs_field(data.get("recheck_inputs"), what))
         case "warm_up":
-            return WarmUp(_get(data, "id", str, what), _get(data, "part", str, what))
+            return WarmUp(get(data, "id", str, what), get(data, "part", str, what))
         case "compile_ahead":
-            signatures = _get(data, "signatures", list, what)
-            return CompileAhead(_get(data, "id", str, what), _get(data, "part", str, what),
-                                [_inputs(x, f"{what}: signature {i}") or {} for i, x in enumerate(signatures)],
-                                _get(data, "benchmarks", bool, what))
+            signatures = get(data, "signatures", list, what)
+            return CompileAhead(get(data, "id", str, what), get(data, "part", str, what),
+                                [inputs_field(x, f"{what}: signature {i}") or {} for i, x in enumerate(signatures)],
+                                get(data, "benchmarks", bool, what))
         case "finish":
             return Finish()
     return None
@@ -362,63 +231,63 @@ def _decode_request(kind: str, data: dict, what: str) -> Request | None:
 def _decode_reply(kind: str, data: dict, what: str, extra_fields: dict[str, dict[str, Any]] | None) -> Reply | None:
     match kind:
         case "hello":
-            return Hello(_get(data, "pid", int, what))
+            return Hello(get(data, "pid", int, what))
         case "loaded":
             return _loaded(data, what)
         case "case_done":
-            return CaseDone(_get(data, "id", str, what), _execution(data.get("execution"), what))
+            return CaseDone(get(data, "id", str, what), execution(data.get("execution"), what))
         case "bad_input_done":
-            raised = _get(data, "raised", (str, type(None)), what)
-            return BadInputDone(_get(data, "id", str, what), BadInputOutcome(
-                cut(raised, 200), _str_list(_get(data, "raised_types", list, what), f"{what}: raised_types")[:64],
-                _text(data, "message", what)))
+            raised = get(data, "raised", (str, type(None)), what)
+            return BadInputDone(get(data, "id", str, what), BadInputOutcome(
+                cut(raised, 200), str_list(get(data, "raised_types", list, what), f"{what}: raised_types")[:64],
+                text(data, "message", what)))
         case "extra_done":
             return _extra_done(data, what, extra_fields)
         case "speed_done":
             return _speed_done(data, what)
         case "warmed_up":
-            return WarmedUp(_get(data, "id", str, what), _text(data, "error", what, optional=True))
+            return WarmedUp(get(data, "id", str, what), text(data, "error", what, optional=True))
         case "compiled_ahead":
-            return CompiledAhead(_get(data, "id", str, what), _get(data, "kernels", int, what),
-                                 _text(data, "error", what, optional=True))
+            return CompiledAhead(get(data, "id", str, what), get(data, "kernels", int, what),
+                                 text(data, "error", what, optional=True))
         case "poisoned":
-            return Poisoned(_text(data, "why", what))
+            return Poisoned(text(data, "why", what))
         case "compiling":
-            return Compiling(_get(data, "what", str, what)[:500])
+            return Compiling(get(data, "what", str, what)[:500])
         case "compiled":
-            return Compiled(_get(data, "seconds", float, what))
+            return Compiled(get(data, "seconds", float, what))
         case "not_implemented":
-            return NotImplementedYet(_get(data, "id", str, what), _text(data, "message", what))
+            return NotImplementedYet(get(data, "id", str, what), text(data, "message", what))
         case "raised":
-            return Raised(_get(data, "id", str, what), _text(data, "message", what))
+            return Raised(get(data, "id", str, what), text(data, "message", what))
     return None
 
 
 def _loaded(data: dict, what: str) -> Loaded:
-    errors = _get(data, "errors", dict, what)
+    errors = get(data, "errors", dict, what)
     failures = {}
     for part, err in errors.items():
         if not isinstance(part, str) or not isinstance(err, dict):
             raise ProtocolError(f"{what}: errors must map parts to {{kind, message}}")
-        failures[part] = LoadFailure(_get(err, "kind", str, what), _text(err, "message", what))
+        failures[part] = LoadFailure(get(err, "kind", str, what), text(err, "message", what))
     return Loaded(failures)
 
 
 def _extra_done(data: dict, what: str, extra_fields: dict[str, dict[str, Any]] | None) -> ExtraDone:
-    item = _get(data, "id", str, what)
+    item = get(data, "id", str, what)
     fields = (extra_fields or {}).get(item)
     if fields is None:
         raise ProtocolError(f"{what}: {item!r} is not an extra check of this exercise")
-    return ExtraDone(item, _observation(data.get("observation"), fields, what))
+    return ExtraDone(item, observation(data.get("observation"), fields, what))
 
 
 def _speed_done(data: dict, what: str) -> SpeedDone:
-    rows = _get(data, "benchmarks", list, what)
+    rows = get(data, "benchmarks", list, what)
     recheck = data.get("recheck")
-    return SpeedDone(_get(data, "id", str, what), SpeedMeasurement(
-        gpu=_get(data, "gpu", str, what),
-        benchmarks=[_benchmark(r, f"{what}: benchmark {i}") for i, r in enumerate(rows)],
-        recheck=None if recheck is None else _execution(recheck, f"{what}: recheck"),
-        tampered=_str_list(_get(data, "tampered", list, what), f"{what}: tampered"),
-        plans=_plans(data.get("plans", {}), what),
-        recheck_repeats=_get(data, "recheck_repeats", bool, what)))
+    return SpeedDone(get(data, "id", str, what), SpeedMeasurement(
+        gpu=get(data, "gpu", str, what),
+        benchmarks=[benchmark(r, f"{what}: benchmark {i}") for i, r in enumerate(rows)],
+        recheck=None if recheck is None else execution(recheck, f"{what}: recheck"),
+        tampered=str_list(get(data, "tampered", list, what), f"{what}: tampered"),
+        plans=plans(data.get("plans", {}), what),
+        recheck_repeats=get(data, "recheck_repeats", bool, what)))
