@@ -12,7 +12,7 @@ from grader import exercises
 from grader.checks import catalog
 from grader.grading.exercise_run import plan
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PARAMS = ("case", "bad", "bench")  # the parametrized arguments of the generated tests: their labels
 
 

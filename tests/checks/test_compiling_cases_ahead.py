@@ -20,7 +20,7 @@ from grader.grading.exercise_run import plan, supervise
 from grader.grading.isolation import protocol, wire
 
 GELU = exercises.get("gelu")
-SOLUTIONS = Path(__file__).resolve().parents[1] / "solutions"
+SOLUTIONS = Path(__file__).resolve().parents[2] / "solutions"
 
 # The reference, but its process exits when it is called on an input of zeros only: what the compile-ahead
 # calls use, and no case of the grader's does.

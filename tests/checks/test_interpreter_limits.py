@@ -131,7 +131,7 @@ def test_an_honestly_wrong_kernel_gets_no_note_and_a_right_one_is_unchanged(tmp_
         assert found and not any(v.passed for v in found)
         for verdict in found:
             assert "Triton interpreter" not in verdict.message and not verdict.interpreter_limit, verdict.message
-    solution = loader.load(Path(__file__).parent.parent / "solutions", GELU, PART.functions)  # casts to fp32
+    solution = loader.load(Path(__file__).parents[2] / "solutions", GELU, PART.functions)  # casts to fp32
     for case in PART.examples:  # bf16 and fp16 among them
         verdict = verdicts.run_case(PART, solution, case, "cpu")
         assert verdict.passed and not verdict.message and not verdict.interpreter_limit, case

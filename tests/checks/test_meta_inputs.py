@@ -48,7 +48,7 @@ def test_building_inputs_without_values_never_imports_torch_dynamo():
 import sys
 from grader import exercises
 from grader.checks import tensors
-from tests.test_meta_inputs import _cases
+from tests.checks.test_meta_inputs import _cases
 for ex in exercises.all_exercises():
     for part in ex.parts:
         for bench in part.benchmarks:

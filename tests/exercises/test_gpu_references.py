@@ -19,7 +19,7 @@ from grader.checks import loader, verdicts
 from grader.checks.spec import Case
 from grader.exercises import flash_attention as fa_spec
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SOLUTIONS = ROOT / "solutions"
 
 

@@ -1,6 +1,6 @@
 """Every known-wrong fixture fails the check it declares, with a message naming what is wrong, and passes
 the checks it declares it passes (it fails on the right test). Together the fixtures show every kind of
-check of every part failing (speed excepted: it needs a GPU, see tests/test_gpu_speed.py). An edit fixture
+check of every part failing (speed excepted: it needs a GPU, see tests/speed/test_gpu_speed.py). An edit fixture
 that no longer applies to the current solution fails with the edit that broke."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from grader.checks import cases as cases_mod
 from grader.checks import catalog, execute, loader, verdicts
 from grader.checks.runtime import configure
 
-from .known_wrong import Edit, EditError, KnownWrong, apply_edits, discover, tree_or_fail
+from ..known_wrong import Edit, EditError, KnownWrong, apply_edits, discover, tree_or_fail
 
 FIXTURES = discover()
 N_RANDOM = 12  # random cases on top of the examples
@@ -140,7 +140,7 @@ def test_a_fixture_tree_never_imports_the_grader_helpers():
 
 def test_fixtures_are_written_as_submission_folders(tmp_path):
     """``python -m tests.known_wrong DEST`` (course staff grade the fixtures with ``grader grade DEST/*``)."""
-    from . import known_wrong
+    from .. import known_wrong
 
     folders = known_wrong.write_submissions(tmp_path)
     assert len(folders) == len(discover()) + len(known_wrong.slowed()) + len(known_wrong.cheats())

@@ -1,6 +1,6 @@
 """The student-style corpus (``tests/corpus``): each submission's declared verdict, read from its module docstring,
 and how the grader's stored results measure up to it. The declaration format is documented in
-``tests/test_corpus.py``."""
+``tests/product/test_corpus.py``."""
 
 from __future__ import annotations
 

@@ -39,10 +39,10 @@ from grader import cli, exercises
 from grader.checks import runtime
 from grader.grading.results import store
 
+from ..sandboxing import sandbox_args
 from . import corpus_helpers
-from .sandboxing import sandbox_args
 
-CORPUS = Path(__file__).parent / "corpus"
+CORPUS = Path(__file__).parents[1] / "corpus"
 SUBMISSIONS = corpus_helpers.corpus(CORPUS)
 RANDOM_CASES = 2  # per part, on top of the examples: enough to reach the random checks, cheap on a CPU
 

@@ -20,7 +20,7 @@ from grader.checks import runtime
 from grader.grading.results import reports
 from grader.pytest_plugin import plugin
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOC = "docs/student-environment.md"
 MISMATCH = "CPU via the Triton interpreter (TRITON_INTERPRET=1); torch 2.13.0+cpu, triton 3.9.0"
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-GRADER = Path(__file__).resolve().parents[1] / "grader"
+GRADER = Path(__file__).resolve().parents[2] / "grader"
 LAYER = {"handin": -1, "checks": 0, "exercises": 1, "speed": 2, "pytest_plugin": 3, "grading": 3, "serve": 4,
          "cli": 5}
 WING = {"isolation": 0, "config": 1, "results": 2, "exercise_run": 3, "batch": 4, "commands": 5}

@@ -16,9 +16,9 @@ from grader.grading.commands import verify
 from grader.grading.results import rebuild, store
 from grader.grading.results.results import ERROR, GRADED, UNREADABLE, ExerciseResult
 
-from .sandboxing import sandbox_args
+from ..sandboxing import sandbox_args
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 WHY = "broken.zip is not a valid zip file"
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("performance_tables", ROOT / "scripts" / "performance_tables.py")
 tables = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(tables)

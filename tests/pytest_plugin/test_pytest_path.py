@@ -10,9 +10,9 @@ import pytest
 
 from grader import exercises
 
-from . import known_wrong
+from .. import known_wrong
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ASSIGNMENTS = ROOT / "assignments"
 
 

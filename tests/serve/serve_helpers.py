@@ -32,9 +32,9 @@ from grader.serve.backend import Job
 from grader.serve.db import Database
 from grader.serve.records import Grade, SpeedTime
 
-from . import sandboxing
+from .. import sandboxing
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 GELU = REPO / "solutions" / "gelu" / "gelu.py"
 # One exercise, fixed examples only: one grading takes a few seconds on a CPU.
 GRADING_ARGS = ["--exercises", "gelu", "--random", "0", "--jobs", "1", *sandboxing.sandbox_args()]

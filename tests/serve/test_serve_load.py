@@ -1,5 +1,5 @@
 """A bounded load test of ``grader serve``'s queue, against a server whose grading backend is a test stand-in
-(:class:`tests.serve_helpers.SleepingStandInBackend`): 20 students × 3 submissions from a thread pool — nothing is
+(:class:`tests.serve.serve_helpers.SleepingStandInBackend`): 20 students × 3 submissions from a thread pool — nothing is
 lost, no student ever has two gradings at once, and the students are served round-robin. It stops by itself."""
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import time
 
 from grader.serve import db as db_mod
 
-from . import sandboxing
+from .. import sandboxing
 from . import serve_helpers as helpers
 
 DONE_TIMEOUT_S = 150.0

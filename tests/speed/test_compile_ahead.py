@@ -155,7 +155,7 @@ def test_on_a_gpu_the_speed_warm_up_finds_every_candidate_of_every_benchmark_com
     assert specialization.install() and autotune.install(default=autotune.FIRST)
     fa = exercises.get("flash_attention")
     part = fa.part("autograd")
-    solutions = Path(__file__).resolve().parents[1] / "solutions"
+    solutions = Path(__file__).resolve().parents[2] / "solutions"
     module = loader.load(solutions, fa, part.functions)
     ahead = loader.load(solutions, fa, part.functions, copy="_compile_ahead")
     with tensors.generated_on("meta"):

@@ -24,9 +24,9 @@ from grader.grading.results.results import ExerciseResult
 from grader.speed import measure, student_calls
 from grader.speed.plan import LaunchPlan
 
-from . import known_wrong
+from .. import known_wrong
 
-SOLUTIONS = Path(__file__).resolve().parent.parent / "solutions"
+SOLUTIONS = Path(__file__).resolve().parents[2] / "solutions"
 CONTROL = "control_2x_slow"
 
 

@@ -116,7 +116,7 @@ def test_rewritten_code_of_the_graders_own_timing_is_named(captured, monkeypatch
 
 
 def test_the_timer_patching_fixture_is_caught_at_import(captured):
-    path = Path(__file__).parent / "cheating" / "gelu" / "timer_patch" / "gelu" / "gelu.py"
+    path = Path(__file__).parents[1] / "cheating" / "gelu" / "timer_patch" / "gelu" / "gelu.py"
     saved = (torch.cuda.Event.elapsed_time, torch.cuda.synchronize, triton.testing.do_bench, time.perf_counter)
     try:
         spec = importlib.util.spec_from_file_location("_timer_patch_fixture", path)

@@ -1,5 +1,5 @@
 """The trusted timer's steps, on the CPU with the GPU work stood in for (the real replays run under ``-m gpu`` in
-tests/test_gpu_trusted_timer.py): every benchmark of a part is loaded and validated sharing the GPU, all are timed
+tests/speed/test_gpu_trusted_timer.py): every benchmark of a part is loaded and validated sharing the GPU, all are timed
 in one turn alone, then each is validated again; a failure stops the benchmarks after it, as it always did; and a
 crash is charged to the benchmark whose kernels were running (``progress.txt``)."""
 

@@ -2,7 +2,7 @@
 memory it does not own, tells a plan that cannot be replayed apart from a grader fault, and checks a replay's
 outputs against the baseline; it prepares its jobs as soon as they are recorded and times them only when every
 worker has ended, and a crash or hang while it prepares is charged to the benchmark whose kernels ran.
-(Recording and replaying kernels need a GPU: tests/test_gpu_trusted_timer.py.)"""
+(Recording and replaying kernels need a GPU: tests/speed/test_gpu_trusted_timer.py.)"""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def test_the_timer_imports_nothing_that_imports_student_code():
     for forbidden in ("grader.checks.loader", "grader.grading.isolation.worker", "grader.speed.recorder",
                       "grader.grading", "grader.pytest_plugin"):
         assert forbidden not in modules, f"the timer imports {forbidden}"
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     students = [str(repo / folder) for folder in ("assignments", "solutions", "tests")]
     assert not [n for n, f in modules.items() if f.startswith(tuple(students))], "the timer imports student code"
 
@@ -227,7 +227,7 @@ def test_a_baselines_result_is_named_like_the_parts_outputs():
 
 
 def test_a_mismatch_costs_the_speed_credit_with_a_flag(monkeypatch):
-    from tests.test_speed_trust import _judge_speed, _measurement, _thresholds
+    from tests.speed.test_speed_trust import _judge_speed, _measurement, _thresholds
 
     measurement = _measurement(0.094, 0.0937)
     measurement.mismatches = ["fp32-4096x8192: output 'y': 524288 of 33554432 elements are NaN/inf"]
@@ -241,7 +241,7 @@ def test_a_replay_that_is_wrong_like_the_students_own_call_is_a_wrong_result_not
     """The replay's mismatch is evidence against the replay only when the student's own call on fresh inputs (the
     recheck) is right: a kernel that is merely wrong is wrong replayed too, and earns no speed credit, unflagged."""
     from grader.speed import credit
-    from tests.test_speed_trust import PART, _measurement, _thresholds
+    from tests.speed.test_speed_trust import PART, _measurement, _thresholds
 
     measurement = _measurement(0.094, 0.0937)
     measurement.mismatches = ["fp32-4096x8192: output 'lse': dtype torch.bfloat16, expected torch.float32"]
@@ -254,7 +254,7 @@ def test_a_replay_that_is_wrong_like_the_students_own_call_is_a_wrong_result_not
 
 
 def test_a_timer_fault_makes_the_speed_wait_for_a_regrade(monkeypatch):
-    from tests.test_speed_trust import _judge_speed, _measurement, _thresholds
+    from tests.speed.test_speed_trust import _judge_speed, _measurement, _thresholds
 
     measurement = _measurement(0.094, 0.0937)
     measurement.timer_fault = "TimerFault: the timer ended before replaying anything"
@@ -481,7 +481,7 @@ def test_an_exercise_run_prepares_its_timer_with_the_jobs_it_then_times(tmp_path
     assert len(timed) == 2
     timed = timed if autograd_records else [name for name in timed if name != "autograd"]
     settings = dataclasses.replace(_settings(tmp_path), parallel_parts=True, speed_apart=True, random_cases=1)
-    runner.grade_exercise(fa, Path(__file__).parents[1] / "solutions", settings=settings, scratch=tmp_path / "s",
+    runner.grade_exercise(fa, Path(__file__).parents[2] / "solutions", settings=settings, scratch=tmp_path / "s",
                           on_workers_ended=lambda: calls.append(("workers ended", [])))
     groups = [c for c in calls if c[0] == "group ended"]
     assert len(groups) > 1
@@ -510,7 +510,7 @@ def test_a_benchmark_whose_call_failed_costs_its_own_credit_and_the_others_are_t
     """An option left unwritten (matmul's GeLU epilogue raising NotImplementedError) fails its own benchmark: the
     part's other benchmarks are still timed by the trusted timer and earn their credit."""
     from grader.speed import credit
-    from tests.test_speed_trust import PART, _stats, _thresholds
+    from tests.speed.test_speed_trust import PART, _stats, _thresholds
 
     first, second = (b.label for b in PART.benchmarks[:2])
     unwritten = BenchmarkTiming(first, error="gelu is not implemented yet (the bf16 path)", not_implemented=True)

@@ -26,9 +26,9 @@ from grader.grading.batch import markers, resume
 from grader.grading.commands import grade as grade_cmd
 from grader.grading.results import reports, store
 
-from . import sandboxing
+from ... import sandboxing
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 CORPUS = REPO / "tests" / "submissions"
 ARGS = ["--exercises", "gelu", "--random", "0", "--secret", "resume-secret", *sandboxing.sandbox_args()]
 

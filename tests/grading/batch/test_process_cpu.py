@@ -17,9 +17,9 @@ from grader.grading.commands import grade as grade_cmd
 from grader.grading.exercise_run import supervise
 from grader.grading.isolation import processes, proctree
 
-from .sandboxing import sandbox_options
+from ...sandboxing import sandbox_options
 
-REPO = Path(__file__).parent.parent
+REPO = Path(__file__).parents[3]
 
 # Burns 0.4 s of CPU in a child it waits for, then 0.4 s itself, then waits to be stopped.
 _TREE = """
@@ -139,7 +139,7 @@ def test_the_trusted_timer_says_its_cpu_as_it_ends(tmp_path):
 def test_a_sandbox_that_ends_by_itself_is_read_while_it_runs(tmp_path):
     """bwrap does not wait for the processes inside its sandbox, so its exit says nothing of their CPU: a sandboxed
     process is read while it runs, once a second even without a memory limit (a trusted timer)."""
-    from .sandboxing import require_sandbox
+    from ...sandboxing import require_sandbox
 
     box = require_sandbox()
     burn = "import time\nend = time.process_time() + 2.5\nwhile time.process_time() < end:\n    pass\n"

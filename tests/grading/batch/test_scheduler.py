@@ -351,7 +351,7 @@ def test_a_worker_waiting_for_the_gpu_is_not_charged_for_it(tmp_path, monkeypatc
     with arbiter.alone():  # the worker starts paused
         result: list = []
         t = threading.Thread(target=lambda: result.append(supervise.run(
-            GELU, Path(__file__).resolve().parents[1] / "solutions", items, settings, scratch=tmp_path / "scratch",
+            GELU, Path(__file__).resolve().parents[3] / "solutions", items, settings, scratch=tmp_path / "scratch",
             arbiter=arbiter)))
         t.start()
         time.sleep(settings.call_timeout_s + supervise.GRACE_S + 2)
@@ -369,7 +369,7 @@ def test_a_batch_on_fake_gpus_moves_the_work_of_a_failed_gpu_and_says_so(tmp_pat
     from grader.grading.commands import grade as grade_cmd
     from grader.grading.results import store
 
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[3]
     shutil.copytree(repo / "solutions", tmp_path / "alice")
     (tmp_path / "sam" / "gelu").mkdir(parents=True)
     (tmp_path / "sam" / "gelu" / "gelu.py").write_text("import ctypes\nctypes.string_at(0)\n")  # crashes at import
@@ -417,7 +417,7 @@ def test_a_slow_judge_never_keeps_the_worker_waiting(tmp_path):
         time.sleep(0.6)
         judged.append(item.id)
 
-    run = supervise.run(GELU, Path(__file__).resolve().parents[1] / "solutions", items, settings,
+    run = supervise.run(GELU, Path(__file__).resolve().parents[3] / "solutions", items, settings,
                         scratch=tmp_path / "scratch", on_reply=slow_judge)
     assert judged == [it.id for it in items] and set(run.replies) == set(judged), (run.failed, run.problems)
     assert run.profile["judge (grader)"] >= 0.6 * len(items)
@@ -428,5 +428,5 @@ def test_a_slow_judge_never_keeps_the_worker_waiting(tmp_path):
             raise RuntimeError("a bug of the judge")
 
     with pytest.raises(RuntimeError, match="a bug of the judge"):
-        supervise.run(GELU, Path(__file__).resolve().parents[1] / "solutions", items[:4], settings,
+        supervise.run(GELU, Path(__file__).resolve().parents[3] / "solutions", items[:4], settings,
                       scratch=tmp_path / "scratch", on_reply=faulty_judge)

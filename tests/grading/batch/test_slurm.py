@@ -23,7 +23,7 @@ from grader.grading.commands import grade as grade_cmd
 from grader.grading.commands import status
 from grader.grading.results import store
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 START = REPO / "tests" / "slurm" / "start_cluster.sh"
 REQUIRED = os.environ.get("GRADER_CI_SLURM") == "1"
 

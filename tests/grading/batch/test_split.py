@@ -29,9 +29,9 @@ from grader.grading.commands import grade_task
 from grader.grading.isolation import threads
 from grader.grading.results import store
 
-from .sandboxing import sandbox_options
+from ...sandboxing import sandbox_options
 
-REPO = Path(__file__).parent.parent
+REPO = Path(__file__).parents[3]
 GELU = exercises.get("gelu")
 SECRET = "split-secret-0123456789"
 

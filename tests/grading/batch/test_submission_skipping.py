@@ -18,7 +18,7 @@ from grader.grading.commands import status as status_mod
 from grader.serve import db as db_mod
 from grader.serve import intake, policy, tokens
 
-from .sandboxing import sandbox_args
+from ...sandboxing import sandbox_args
 
 ALL = exercises.all_exercises()
 GELU = exercises.get("gelu")

@@ -17,11 +17,11 @@ from grader.grading.commands import grade as grade_cmd
 from grader.grading.exercise_run import runner
 from grader.grading.results import store
 
-from .sandboxing import sandbox_args
+from ...sandboxing import sandbox_args
 
 pytestmark = pytest.mark.slow  # a few sandboxed workers
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 ARGS = ["--exercises", "gelu,softmax", "--random", "1", "--secret", "fault-test", "--jobs", "2", *sandbox_args()]
 
 

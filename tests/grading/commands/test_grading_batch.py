@@ -21,11 +21,11 @@ from grader.grading.commands import grade as grade_cmd
 from grader.grading.exercise_run import supervise
 from grader.grading.isolation import bwrap
 
-from .sandboxing import live_processes_with, sandbox_args, sandbox_options, sandboxed
+from ...sandboxing import live_processes_with, sandbox_args, sandbox_options, sandboxed
 
 pytestmark = pytest.mark.slow  # one batch of ~20 sandboxed workers: about a minute on 2 cores
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).parents[2]
 REPO = TESTS.parent
 CORPUS = TESTS / "submissions"
 

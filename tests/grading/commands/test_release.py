@@ -24,7 +24,7 @@ from grader import cli, exercises
 from grader.grading.batch import submission
 from grader.grading.commands import release as release_mod
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[3]
 BOOT = ("import sys; sys.meta_path[:] = [f for f in sys.meta_path "
         "if 'Editable' not in getattr(f, '__name__', type(f).__name__)]; ")
 

@@ -12,9 +12,9 @@ from grader import cli
 from grader.grading.commands import grade as grade_cmd
 from grader.grading.commands import status as status_mod
 
-from .sandboxing import sandbox_args
+from ...sandboxing import sandbox_args
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 CORPUS = REPO / "tests" / "submissions"
 
 

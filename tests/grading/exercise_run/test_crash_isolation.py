@@ -15,10 +15,10 @@ from grader.grading import config
 from grader.grading.commands import grade as grade_cmd
 from grader.grading.config import RunSettings
 
-from .crash import breaks_forward
-from .sandboxing import sandbox_options
+from ...crash import breaks_forward
+from ...sandboxing import sandbox_options
 
-REPO = Path(__file__).parent.parent
+REPO = Path(__file__).parents[3]
 
 
 def _grade(tmp_path):

@@ -14,9 +14,9 @@ from grader.grading.commands import grade as grade_cmd
 from grader.grading.exercise_run import supervise
 from grader.grading.results.results import FAILED, GRADED, PASSED
 
-from .sandboxing import sandbox_options
+from ...sandboxing import sandbox_options
 
-REPO = Path(__file__).parent.parent
+REPO = Path(__file__).parents[3]
 GELU = (REPO / "solutions" / "gelu" / "gelu.py").read_text()
 
 

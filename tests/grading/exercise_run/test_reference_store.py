@@ -23,9 +23,9 @@ from grader.grading.exercise_run import references
 from grader.grading.exercise_run.references import CaseReferences, ReferenceStore
 from grader.grading.results import store
 
-from .sandboxing import sandbox_options
+from ...sandboxing import sandbox_options
 
-REPO = Path(__file__).parent.parent
+REPO = Path(__file__).parents[3]
 
 
 def _case(part, seed: int = 7) -> Case:

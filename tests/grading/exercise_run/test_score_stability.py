@@ -15,8 +15,8 @@ from grader.grading import config
 from grader.grading.commands import grade as grade_cmd
 from grader.grading.exercise_run import plan
 
-from . import known_wrong
-from .sandboxing import sandbox_options
+from ... import known_wrong
+from ...sandboxing import sandbox_options
 
 SECRETS = ("alpha", "bravo", "charlie")
 GRADED = ("gelu", "softmax")  # every known-wrong fixture of these, graded under each secret (CPU-cheap exercises)

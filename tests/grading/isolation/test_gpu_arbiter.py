@@ -521,7 +521,7 @@ def test_a_choice_whose_candidates_have_no_stable_name_is_not_shared():
 
 def test_autotuning_times_a_choices_candidates_together_whatever_the_students_benchmarker():
     """A choice's candidates are timed once, all together, by the grader's timing (brief and interleaved:
-    tests/test_autotune_timing.py), never by the benchmarker the student gave the autotuner."""
+    tests/speed/test_autotune_timing.py), never by the benchmarker the student gave the autotuner."""
     import torch
 
     from grader.speed import autotune

@@ -1,4 +1,4 @@
-"""The process handle around a worker, without the bubblewrap sandbox (tests/test_isolation.py has it): time-outs
+"""The process handle around a worker, without the bubblewrap sandbox (test_isolation.py beside it has it): time-outs
 kill the whole process group, leftover and escaped children are killed, stopping never waits on a pipe a child
 keeps, output is capped, memory is limited, and the result channel survives (or reports) garbage."""
 
@@ -16,7 +16,7 @@ import torch
 
 from grader.grading.isolation import channel, processes
 
-from .sandboxing import live_processes_with
+from ...sandboxing import live_processes_with
 
 
 def _run(code: str, tmp_path: Path, **kwargs) -> processes.Outcome:

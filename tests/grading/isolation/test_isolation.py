@@ -30,11 +30,11 @@ from grader.grading.exercise_run import runner
 from grader.grading.isolation import bwrap, processes
 from grader.grading.results.results import NEEDS_REGRADE
 
-from .sandboxing import live_processes_with, require_sandbox
+from ...sandboxing import live_processes_with, require_sandbox
 
 pytestmark = pytest.mark.slow  # sandboxed batches: about two minutes on 2 cores
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 SOLUTION = (REPO / "solutions" / "gelu" / "gelu.py").read_text()
 NOT_WRITTEN = "\n\ndef gelu(x):\n    raise NotImplementedError('the attack is all there is')\n"
 ARGV_SECRET, ENV_SECRET, FILE_SECRET = "argv-secret-4f1c9a", "env-secret-77b2e0", "file-secret-c03d5e"

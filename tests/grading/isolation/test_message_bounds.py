@@ -9,7 +9,7 @@ from grader.grading import config
 from grader.grading.commands import grade as grade_cmd
 from grader.grading.isolation import protocol, wire
 
-from .sandboxing import sandbox_options
+from ...sandboxing import sandbox_options
 
 
 def test_a_huge_message_is_cut_when_it_is_decoded():

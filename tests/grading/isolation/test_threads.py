@@ -15,7 +15,7 @@ from grader.grading.commands import grade as grade_cmd
 from grader.grading.isolation import processes, threads
 from grader.grading.results.results import GRADED, ExerciseResult
 
-from .sandboxing import sandbox_options
+from ...sandboxing import sandbox_options
 
 
 def test_a_child_started_with_the_minimal_environment_runs_torch_on_one_thread(tmp_path):

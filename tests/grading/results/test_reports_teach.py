@@ -11,8 +11,8 @@ import shutil
 from grader.grading import config
 from grader.grading.commands import grade as grade_cmd
 
-from . import known_wrong
-from .sandboxing import sandbox_options
+from ... import known_wrong
+from ...sandboxing import sandbox_options
 from .test_class_report import _Cells, _chromium, _render
 
 

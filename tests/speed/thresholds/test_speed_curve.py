@@ -16,7 +16,7 @@ from grader.grading.isolation import protocol
 from grader.speed import credit, thresholds
 from grader.speed.thresholds import Curve, Threshold
 
-from .test_speed_trust import GELU, PART, _measurement, _thresholds
+from ..test_speed_trust import GELU, PART, _measurement, _thresholds
 
 
 def _course(tmp_path, text: str) -> config.Course:
@@ -85,7 +85,7 @@ def test_grader_list_states_the_curve_and_a_changed_curve_is_a_changed_course(tm
 def test_pytest_speed_tests_take_the_course_files_curve(pytester: pytest.Pytester):
     """``pytest --grader-course COURSE.toml`` grades speed with the course's curve (said in the header), and a
     malformed curve is a usage error naming the key, before any test runs."""
-    repo = Path(__file__).resolve().parent.parent
+    repo = Path(__file__).resolve().parents[3]
     good = pytester.path / "course.toml"
     good.write_text('[speed_curve]\nflash_attention = { of = "baseline", full = 0.6, partial = 0.2 }\n')
     result = pytester.runpytest_subprocess(str(repo / "assignments" / "gelu"), "--co", "-p", "no:cacheprovider",
@@ -111,7 +111,7 @@ def test_grader_list_into_a_pipe_closed_early_ends_quietly():
     try:
         code = "import sys; from grader import cli; sys.exit(cli.main(['list']))"
         lister = subprocess.run([sys.executable, "-c", code], stdout=write_end, stderr=subprocess.PIPE, text=True,
-                                env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+                                env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])})
     finally:
         os.close(write_end)
     assert lister.returncode == 0 and "Traceback" not in lister.stderr, lister.stderr
