@@ -7,7 +7,7 @@
 
 In docs/performance.md each generated table follows a line `<!-- table: NAME -->`; everything from that line to the
 end of the table (the lines that start with `|`) is this script's. A new measurement is a new row in a CSV, then
-`--write`. tests/test_performance_data.py fails while the page and the data disagree.
+`--write`. tests/product/test_performance_data.py fails while the page and the data disagree.
 """
 
 from __future__ import annotations

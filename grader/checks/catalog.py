@@ -12,7 +12,7 @@ Kinds, in the order pytest lists them and the grader runs them:
 * ``speed`` — the part's benchmarks (GPU only; one check each).
 
 pytest generates one test function per kind (``test_<part>_<kind>``, parametrized by label) from this
-list, and the grader plans its items from the same list; ``tests/test_check_parity.py`` holds the two
+list, and the grader plans its items from the same list; ``tests/checks/test_check_parity.py`` holds the two
 against each other.
 """
 

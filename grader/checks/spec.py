@@ -164,7 +164,7 @@ class Part:
     # The computation as plain PyTorch ops, one kernel each (what torch.compile fuses), where no baseline already
     # is: ``grader profile`` shows it beside the student's call, to count the round trips to memory fusion saves.
     unfused: Callable[[Inputs], Any] | None = None
-    # Triton kernels one call of the reference solution launches (tests/test_profile.py records it): a report of a
+    # Triton kernels one call of the reference solution launches (tests/speed/test_profile.py records it): a report of a
     # part below full speed puts the student's launches beside it.
     reference_launches: int | None = None
     exercise: Exercise | None = field(default=None, compare=False, repr=False)  # set by the Exercise
