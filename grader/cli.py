@@ -22,7 +22,7 @@ COMMANDS = {
     "calibrate": ("grader.grading.commands.calibrate", "measure the references on this GPU, write its thresholds file"),
     "bench": ("grader.speed.bench", "benchmark an exercise against its baselines (table, optional plot)"),
     "profile": ("grader.speed.profile", "the kernels one call launches: grids, bytes, GPU times, beside the reference"),
-    "serve": ("grader.serve.cli", "run the grading server students submit to during the term; its roster"),
+    "serve": ("grader.serve.serve_cli", "run the grading server students submit to during the term; its roster"),
     "submit": ("grader.handin.submit_cli", "hand in to the course's grading server (grader serve)"),
     "results": ("grader.handin.results_cli", "your submissions to the course's grading server, and their reports"),
 }

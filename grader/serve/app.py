@@ -32,9 +32,9 @@ from grader.serve import (
     storage,
     tokens,
 )
+from grader.serve.grading_threads import Pool
 from grader.serve.service import Service, detailed, visible
 from grader.serve.upload import submit
-from grader.serve.worker import Pool
 
 REPORT_FILES = {"report.html": "text/html; charset=utf-8", "report.md": "text/markdown; charset=utf-8",
                 "results.json": "application/json"}

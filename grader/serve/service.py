@@ -17,9 +17,9 @@ from grader.grading.config import Course
 from grader.serve import gradebook, outcome, queue, storage
 from grader.serve.backend import Backend
 from grader.serve.db import Database
+from grader.serve.grading_threads import Pool
 from grader.serve.policy import Policy
 from grader.serve.records import RUNNING, Principal, Submission
-from grader.serve.worker import Pool
 
 
 @dataclass

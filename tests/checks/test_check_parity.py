@@ -10,7 +10,7 @@ import pytest
 
 from grader import exercises
 from grader.checks import catalog
-from grader.grading.exercise_run import plan
+from grader.grading.exercise_run import item_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 PARAMS = ("case", "bad", "bench")  # the parametrized arguments of the generated tests: their labels
@@ -31,7 +31,7 @@ def _collected(pytester: pytest.Pytester, exercise) -> set[catalog.CheckId]:
 
 
 def _planned(exercise, device: str) -> set[catalog.CheckId]:
-    items = plan.plan(exercise, device=device, secret="parity", random_cases=3, speed_budget_s=1.0)
+    items = item_plan.plan(exercise, device=device, secret="parity", random_cases=3, speed_budget_s=1.0)
     found = set()
     for item in items:
         if item.kind == catalog.SPEED:  # one item times every benchmark of the part
@@ -58,7 +58,7 @@ def test_flash_attention_memory_check_is_planned_with_points():
     forward = exercises.get("flash_attention").part("forward")
     (memory,) = forward.extra_checks
     assert memory.name == "memory" and memory.points > 0
-    items = plan.plan(forward.exercise, device="cpu", secret="s", random_cases=0, speed_budget_s=1.0)
+    items = item_plan.plan(forward.exercise, device="cpu", secret="s", random_cases=0, speed_budget_s=1.0)
     assert [it.id for it in items if it.role == "memory"] == ["forward.memory"]
 
 

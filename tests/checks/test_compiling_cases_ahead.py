@@ -16,7 +16,7 @@ import torch
 from grader import exercises
 from grader.checks import tensors
 from grader.grading import config
-from grader.grading.exercise_run import item_requests, plan, supervise
+from grader.grading.exercise_run import item_plan, item_requests, supervise
 from grader.grading.isolation import protocol, wire
 
 GELU = exercises.get("gelu")
@@ -78,7 +78,7 @@ def test_a_worker_compiles_ahead_each_parts_distinct_case_signatures_then_its_be
     dtype and layout of its cases; then, for the parts whose speed is graded, their benchmarks, to compile as the
     speed measurement does. All on the meta device (no values). Nothing for a part whose module did not load."""
     fa = exercises.get("flash_attention")
-    items = plan.plan(fa, device="cuda", secret="s", random_cases=4, speed_budget_s=0.1)
+    items = item_plan.plan(fa, device="cuda", secret="s", random_cases=4, speed_budget_s=0.1)
     requests = item_requests.ahead_requests(items, {})
     assert [(r.part, r.benchmarks) for r in requests] == [
         ("forward", False), ("backward", False), ("autograd", False), ("forward", True), ("autograd", True)]
@@ -112,7 +112,7 @@ def test_a_worker_that_ends_while_compiling_ahead_costs_the_student_nothing(tmp_
     never reaches the cases (they call a copy of the module)."""
     settings = replace(config.resolve(config.GradeOptions(random_cases=3, timeout_s=120), config.load_course(),
                                       device="cpu", secret="s", workdir=tmp_path), compile_ahead=True)
-    items = [it for it in plan.plan(GELU, device="cpu", secret="s", random_cases=3, speed_budget_s=0.1)
+    items = [it for it in item_plan.plan(GELU, device="cpu", secret="s", random_cases=3, speed_budget_s=0.1)
              if it.role in ("example", "random")]
     (tmp_path / "scratch").mkdir()
     root = _submission(tmp_path, {"exits on zeros": EXITS_ON_ZEROS, "first call decides": FIRST_CALL_DECIDES}

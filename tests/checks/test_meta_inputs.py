@@ -13,11 +13,11 @@ import torch
 
 from grader import exercises
 from grader.checks import tensors
-from grader.grading.exercise_run import plan
+from grader.grading.exercise_run import item_plan
 
 
 def _cases(name: str):
-    items = plan.plan(exercises.get(name), device="cuda", secret="meta-test", random_cases=4, speed_budget_s=1.0)
+    items = item_plan.plan(exercises.get(name), device="cuda", secret="meta-test", random_cases=4, speed_budget_s=1.0)
     return [it for it in items if it.case is not None and it.role not in ("bad_input", "speed")]
 
 

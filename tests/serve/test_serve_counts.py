@@ -14,7 +14,7 @@ from grader.grading.results.scoring import points_text
 from grader.serve import policy as policy_mod
 from grader.serve import tokens
 from grader.serve.db import Database
-from grader.serve.worker import Pool
+from grader.serve.grading_threads import Pool
 
 from . import serve_helpers as helpers
 from .test_serve_regrade import BuggyThenFixedBackend, hand_in

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from grader import cli
 from grader.grading.results import store
-from grader.serve import queue, storage, worker
+from grader.serve import grading_threads, queue, storage
 from grader.serve.backend import Job
 from grader.serve.records import Grade
 
@@ -49,7 +49,7 @@ def test_a_server_start_and_a_graded_upload_leave_nothing_readable_by_others(tmp
             status, data = helpers.upload(server.url, token, helpers.gelu_zip(tmp_path / "alice.zip"))
             assert status == 201, data
             db = server.service.db
-            worker.Pool(db, server.service.backend, folder=folder)._grade(queue.claim_next(db))
+            grading_threads.Pool(db, server.service.backend, folder=folder)._grade(queue.claim_next(db))
             assert queue.get(db, data["id"]).status == "done"
             assert helpers.http(server.url + "/instructor/grades.csv", token=started_instructor(started))[0] == 200
     finally:

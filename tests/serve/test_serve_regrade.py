@@ -20,8 +20,8 @@ from grader.serve import audit, gradebook, outcome, queue, storage, tokens
 from grader.serve import policy as policy_mod
 from grader.serve.backend import Job
 from grader.serve.db import Database
+from grader.serve.grading_threads import Pool
 from grader.serve.records import Submission
-from grader.serve.worker import Pool
 
 from . import serve_helpers as helpers
 

@@ -19,7 +19,7 @@ RULES = policy_mod.Policy(submissions_per_hour=100, queued_per_student=10)
 
 
 def test_serve_warns_of_the_public_default_cases_seed(tmp_path):
-    from grader.serve.cli import public_seed_warning
+    from grader.serve.serve_cli import public_seed_warning
 
     assert "cases_seed is the public default" in public_seed_warning(config.load_course())
     course = tmp_path / "course.toml"

@@ -330,7 +330,7 @@ def test_a_worker_that_cannot_record_an_outcome_requeues_it_and_goes_on(db, tmp_
     """The database refuses to record a grade once (busy, or its disk full): the worker thread survives, the
     submission is queued again and graded on its next attempt, and the student's later submission is graded too
     (before, the thread ended and both waited for a restart)."""
-    from grader.serve.worker import Pool
+    from grader.serve.grading_threads import Pool
 
     first, second = _queue(db, "a", now=1.0), _queue(db, "a", now=2.0)
     finish, failures = queue.finish, []

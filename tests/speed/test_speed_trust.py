@@ -14,7 +14,7 @@ import torch
 import triton.testing
 
 from grader import exercises
-from grader.grading.exercise_run import plan
+from grader.grading.exercise_run import item_plan
 from grader.grading.exercise_run.judging import ExerciseJudge
 from grader.grading.isolation import protocol, wire
 from grader.grading.results.scoring import score_part
@@ -160,7 +160,7 @@ def test_a_baseline_far_from_its_calibration_is_drift():
 
 def _judge_speed(measurement, monkeypatch, thresholds) -> tuple[ExerciseJudge, object]:
     monkeypatch.setattr(credit, "load_thresholds", lambda gpu=None: thresholds)
-    item = next(it for it in plan.plan(GELU, device="cuda", secret="s", random_cases=0, speed_budget_s=1.0)
+    item = next(it for it in item_plan.plan(GELU, device="cuda", secret="s", random_cases=0, speed_budget_s=1.0)
                 if it.role == "speed")
     judge = ExerciseJudge(GELU, device="cuda", student_dir="/nowhere")
     request = protocol.RunSpeed(item.id, PART.name, 1.0, None)
@@ -251,7 +251,7 @@ def test_a_speed_measurement_travels_from_the_worker_to_the_judge(monkeypatch):
                 speed_points=5)
     toy = Exercise("toy", "toy", "Toy", (part,))
     module = type("Module", (), {"double": staticmethod(lambda x: (clock.advance(0.5), x * 2)[1])})
-    item = next(it for it in plan.plan(toy, device="cuda", secret="s", random_cases=0, speed_budget_s=1.0)
+    item = next(it for it in item_plan.plan(toy, device="cuda", secret="s", random_cases=0, speed_budget_s=1.0)
                 if it.role == "speed")
     # what the worker sends: the recorded plan and the call on the secret fresh inputs
     recheck = execute(part, module, item.part.make_inputs(item.recheck), "cpu")
@@ -333,7 +333,7 @@ def test_the_recheck_is_judged_when_the_recording_comes_not_after_the_timing(mon
                 benchmarks=(Benchmark("n256", case, bytes_moved=lambda i: 8.0 * i["x"].numel()),),
                 baselines={"torch": lambda i: {"y": i["x"] * 2}}, speed_baseline="torch", speed_points=5)
     toy = Exercise("toy", "toy", "Toy", (part,))
-    item = next(it for it in plan.plan(toy, device="cuda", secret="s", random_cases=0, speed_budget_s=1.0)
+    item = next(it for it in item_plan.plan(toy, device="cuda", secret="s", random_cases=0, speed_budget_s=1.0)
                 if it.role == "speed")
     first = part.make_inputs(case)["x"] * 2
     module = type("Module", (), {"double": staticmethod(lambda x: first if cached else x * 2)})

@@ -421,11 +421,11 @@ def test_a_supervisor_hands_every_speed_reply_to_on_recorded_and_keeps_recording
     a speed recording (deferred) to on_recorded only and into the run's to_time, and a speed item's failure to
     on_reply (judged as it is) and then to on_recorded."""
     from grader import exercises
-    from grader.grading.exercise_run import plan, supervise
+    from grader.grading.exercise_run import item_plan, supervise
     from grader.grading.exercise_run.judging_thread import JudgingThread
 
     gelu = exercises.get("gelu")
-    items = plan.plan(gelu, device="cuda", secret="s", random_cases=1, speed_budget_s=1.0)
+    items = item_plan.plan(gelu, device="cuda", secret="s", random_cases=1, speed_budget_s=1.0)
     case = next(it for it in items if it.role == "example")
     speed = next(it for it in items if it.role == "speed")
     seen: list[tuple[str, str, str]] = []

@@ -7,8 +7,9 @@ The sequence: the batch's secret (:mod:`grader.grading.batch.batch_secret`), a s
 (:mod:`grader.grading.batch.context`); the submissions prepared; the folder checked to hold this batch or none
 (:mod:`grader.grading.batch.resume`) and nobody else grading it; the batch recorded (``run.json``, each submission's
 record); the tasks left, one per (student, exercise), run on this machine's slots
-(:mod:`grader.grading.batch.scheduler`) with each result committed as it comes (:mod:`grader.grading.batch.recorder`),
-or split over one grader process per GPU; the gradebook and the class report rebuilt from the folder
+(:mod:`grader.grading.batch.scheduler`) with each result committed as it comes
+(:mod:`grader.grading.batch.result_commits`), or split over one grader process per GPU; the gradebook and the class
+report rebuilt from the folder
 (:mod:`grader.grading.results.rebuild`).
 """
 
@@ -27,7 +28,7 @@ from grader.grading.batch import gpus, grader_load, markers, profiling, resume, 
 from grader.grading.batch.batch_secret import Secret
 from grader.grading.batch.context import Context, UsageError, Workspace, choose_sandbox, make_context, signals_held
 from grader.grading.batch.progress import Progress
-from grader.grading.batch.recorder import Recorder
+from grader.grading.batch.result_commits import Recorder
 from grader.grading.batch.scheduler import Scheduler, Task, estimate, niceness, static_estimate
 from grader.grading.batch.summary import summary
 from grader.grading.batch.timeline import Timeline

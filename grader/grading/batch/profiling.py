@@ -11,7 +11,7 @@ from pathlib import Path
 
 from grader.grading.batch.grader_load import GraderLoad
 from grader.grading.batch.progress import Progress
-from grader.grading.batch.recorder import cpu_text
+from grader.grading.batch.result_commits import cpu_text
 from grader.grading.batch.scheduler import Task
 from grader.grading.batch.timeline import Timeline, host_cpu
 from grader.grading.exercise_run import gpu_references

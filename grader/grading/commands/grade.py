@@ -11,7 +11,7 @@ A batch is a list of tasks, one per (student, exercise) (:mod:`grader.grading.ba
    several runs sharing each; with several GPUs, one grader process per GPU: :mod:`grader.grading.batch.split`), or
    as one Slurm job array (:mod:`grader.grading.batch.slurm`) whose tasks grade exactly as a local
    batch does (:mod:`grader.grading.commands.grade_task`);
-4. commit each result atomically the moment it is judged (:mod:`grader.grading.batch.recorder`);
+4. commit each result atomically the moment it is judged (:mod:`grader.grading.batch.result_commits`);
 5. rebuild the gradebook and the class report from the folder (:mod:`grader.grading.results.rebuild`).
 
 The secret that seeds the hidden cases comes from ``--secret``, else ``$GRADER_SECRET``, else the folder's

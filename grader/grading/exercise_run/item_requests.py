@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from grader.checks import tensors
 from grader.checks.spec import Exercise, Inputs
 from grader.grading.exercise_run.case_references import CaseReferences
-from grader.grading.exercise_run.plan import Item
+from grader.grading.exercise_run.item_plan import Item
 from grader.grading.isolation import protocol
 
 

@@ -28,7 +28,7 @@ from grader.checks import compare, integrity, interpreter_limits, tensors, verdi
 from grader.checks.call_records import Execution
 from grader.checks.spec import Case, Exercise, Inputs, Part
 from grader.grading.exercise_run.case_references import CaseReferences
-from grader.grading.exercise_run.plan import Item
+from grader.grading.exercise_run.item_plan import Item
 from grader.grading.exercise_run.supervised_run import Run
 from grader.grading.isolation import protocol
 from grader.grading.results.results import (

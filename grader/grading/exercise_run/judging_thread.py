@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from grader.grading.exercise_run.plan import Item
+from grader.grading.exercise_run.item_plan import Item
 from grader.grading.isolation import protocol
 
 JUDGE_BACKLOG = 64  # replies waiting to be judged, at most: each holds its inputs and outputs in memory

@@ -19,8 +19,15 @@ from pathlib import Path
 from grader.checks import loader
 from grader.checks.spec import Exercise
 from grader.grading.config import RunSettings
-from grader.grading.exercise_run import gpu_references, references, supervise, timer_process, workers, yardstick_plans
-from grader.grading.exercise_run import plan as plan_mod
+from grader.grading.exercise_run import (
+    gpu_references,
+    item_plan,
+    references,
+    supervise,
+    timer_process,
+    workers,
+    yardstick_plans,
+)
 from grader.grading.exercise_run.case_references import CaseReferences
 from grader.grading.exercise_run.judging import GRADER_FAULT, ExerciseJudge, grader_error
 from grader.grading.exercise_run.slots import Slot
@@ -65,7 +72,7 @@ def grade_exercise(exercise: Exercise, root: Path, *, settings: RunSettings, scr
         return result
     try:
         planned = time.monotonic()
-        items = plan_mod.plan(exercise, device=settings.device, secret=settings.secret,
+        items = item_plan.plan(exercise, device=settings.device, secret=settings.secret,
                               random_cases=settings.random_cases, speed_budget_s=settings.speed_budget_s, parts=parts,
                               cases_seed=settings.cases_seed)
         result.profile["plan"] = time.monotonic() - planned

@@ -41,9 +41,9 @@ from grader.checks.spec import Exercise
 from grader.grading.config import RunSettings
 from grader.grading.exercise_run import workers
 from grader.grading.exercise_run.case_references import CaseReferences
+from grader.grading.exercise_run.item_plan import Item
 from grader.grading.exercise_run.item_requests import ahead_requests, describe, request_for
 from grader.grading.exercise_run.judging_thread import JudgingThread
-from grader.grading.exercise_run.plan import Item
 from grader.grading.exercise_run.supervised_run import Run
 from grader.grading.exercise_run.workers import GRACE_S  # noqa: F401 - part of this module's interface
 from grader.grading.isolation import protocol

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from grader.grading.exercise_run.plan import Item
+from grader.grading.exercise_run.item_plan import Item
 from grader.grading.isolation import protocol
 
 

@@ -28,8 +28,7 @@ from pathlib import Path
 
 from grader.checks.spec import Exercise
 from grader.grading.config import RunSettings
-from grader.grading.exercise_run import plan as plan_mod
-from grader.grading.exercise_run import references, supervise
+from grader.grading.exercise_run import item_plan, references, supervise
 from grader.grading.exercise_run.case_references import CaseReferences
 from grader.grading.exercise_run.slots import Slot
 from grader.grading.isolation import bytecode, protocol
@@ -109,7 +108,7 @@ def record(exercise: Exercise, root: Path, *, settings: RunSettings, slot: Slot 
             print(f"grader: the kept yardstick {kept} is unreadable ({exc}); recording it again", flush=True)
     if slot is not None:
         settings = replace(settings, env={**settings.env, **slot.env}, gpu_name=slot.gpu_name or settings.gpu_name)
-    items = [item for item in plan_mod.plan(exercise, device="cuda", secret=settings.secret, random_cases=0,
+    items = [item for item in item_plan.plan(exercise, device="cuda", secret=settings.secret, random_cases=0,
                                             speed_budget_s=settings.speed_budget_s, cases_seed=settings.cases_seed)
              if item.kind == "speed"]
     refs = CaseReferences(settings.references or references.local(settings.secret), exercise.name)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from grader.grading import config
 from grader.grading.batch import profiling
-from grader.grading.batch.recorder import cpu_text
+from grader.grading.batch.result_commits import cpu_text
 from grader.grading.commands import grade as grade_cmd
 from grader.grading.exercise_run import supervise
 from grader.grading.isolation import processes, proctree

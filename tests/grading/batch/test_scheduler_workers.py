@@ -67,13 +67,13 @@ def test_a_worker_waiting_for_the_gpu_is_not_charged_for_it(tmp_path, monkeypatc
     worker waits, and its items still pass — the wait moved its limits on (the grader's, and the worker's own
     watchdog's)."""
     from grader.grading import config
-    from grader.grading.exercise_run import plan, supervise
+    from grader.grading.exercise_run import item_plan, supervise
     from grader.grading.isolation.gpu_arbiter import GpuArbiter
 
     monkeypatch.setattr(supervise, "GRACE_S", 1.0)
     settings = config.resolve(config.GradeOptions(random_cases=0, timeout_s=120, call_timeout_s=4.0),
                               config.load_course(), device="cpu", secret="s", workdir=tmp_path)
-    items = [it for it in plan.plan(GELU, device="cpu", secret="s", random_cases=0, speed_budget_s=0.1)
+    items = [it for it in item_plan.plan(GELU, device="cpu", secret="s", random_cases=0, speed_budget_s=0.1)
              if it.role == "example"][:2]
     arbiter = GpuArbiter()
     (tmp_path / "scratch").mkdir()
@@ -135,11 +135,11 @@ def test_a_slow_judge_never_keeps_the_worker_waiting(tmp_path):
     verdict), every reply is judged in the order the items ran, and a judge that raises still ends the run with
     the grader's fault. Real seconds: the worker is a real process."""
     from grader.grading import config
-    from grader.grading.exercise_run import plan, supervise
+    from grader.grading.exercise_run import item_plan, supervise
 
     settings = config.resolve(config.GradeOptions(random_cases=5, timeout_s=120), config.load_course(),
                               device="cpu", secret="s", workdir=tmp_path)
-    items = [it for it in plan.plan(GELU, device="cpu", secret="s", random_cases=5, speed_budget_s=0.1)
+    items = [it for it in item_plan.plan(GELU, device="cpu", secret="s", random_cases=5, speed_budget_s=0.1)
              if it.role in ("example", "random")][:8]
     (tmp_path / "scratch").mkdir()
     judged: list[str] = []

@@ -186,12 +186,12 @@ def test_generated_secret_is_written_for_the_instructor(tmp_path, monkeypatch):
 
 def test_cases_depend_on_the_secret():
     from grader import exercises
-    from grader.grading.exercise_run import plan
+    from grader.grading.exercise_run import item_plan
 
     exercise = exercises.get("gelu")
 
     def seeds(secret):
-        items = plan.plan(exercise, device="cpu", secret=secret, random_cases=3, speed_budget_s=1.0)
+        items = item_plan.plan(exercise, device="cpu", secret=secret, random_cases=3, speed_budget_s=1.0)
         return [(it.id, it.case.seed) for it in items if it.case is not None]
 
     a, b = seeds("one"), seeds("two")

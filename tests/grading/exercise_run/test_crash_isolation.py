@@ -72,12 +72,12 @@ def test_a_malformed_reply_ends_the_run_where_a_crash_goes_on_in_a_fresh_worker(
     """The supervisor's decision after a worker ends: a crash charges the item it was running and a fresh worker
     goes on with the rest; a reply the protocol does not allow ends the run (every item left is not run)."""
     from grader import exercises
-    from grader.grading.exercise_run import plan, supervise, workers
+    from grader.grading.exercise_run import item_plan, supervise, workers
     from grader.grading.isolation import processes
     from grader.grading.isolation.output_capture import Captured
 
     gelu = exercises.get("gelu")
-    items = [it for it in plan.plan(gelu, device="cuda", secret="s", random_cases=2, speed_budget_s=1.0)
+    items = [it for it in item_plan.plan(gelu, device="cuda", secret="s", random_cases=2, speed_budget_s=1.0)
              if it.skip_reason is None]
     settings = RunSettings(device="cuda", secret="", random_cases=0, timeout_s=60.0, call_timeout_s=30.0,
                            memory_mb=None, speed_budget_s=1.0, workdir=tmp_path)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from grader import exercises
 from grader.grading import config
-from grader.grading.exercise_run import plan, runner
+from grader.grading.exercise_run import item_plan, runner
 
 
 def test_on_a_gpu_each_part_and_with_room_its_speed_measurement_run_in_workers_of_their_own():
@@ -15,7 +15,7 @@ def test_on_a_gpu_each_part_and_with_room_its_speed_measurement_run_in_workers_o
     GPU with room for more runs than the batch has), a part's speed measurement is one more; without either (CPUs)
     one worker runs everything, in the plan's order."""
     fa = exercises.get("flash_attention")
-    items = plan.plan(fa, device="cuda", secret="s", random_cases=2, speed_budget_s=1.0)
+    items = item_plan.plan(fa, device="cuda", secret="s", random_cases=2, speed_budget_s=1.0)
     settings = config.RunSettings(device="cuda", secret="s", random_cases=2, timeout_s=60.0, call_timeout_s=30.0,
                                   memory_mb=None, speed_budget_s=1.0, workdir=Path("."), parallel_parts=True)
 

@@ -13,7 +13,7 @@ import pytest
 from grader import exercises
 from grader.grading import config
 from grader.grading.commands import grade as grade_cmd
-from grader.grading.exercise_run import plan
+from grader.grading.exercise_run import item_plan
 
 from ... import known_wrong
 from ...sandboxing import sandbox_options
@@ -26,7 +26,7 @@ GRADED = ("gelu", "softmax")  # every known-wrong fixture of these, graded under
 @pytest.mark.parametrize("exercise", [e.name for e in exercises.all_exercises()])
 def test_every_batch_of_a_course_puts_the_same_cases(exercise, device):
     def cases(secret, cases_seed):
-        items = plan.plan(exercises.get(exercise), device=device, secret=secret, random_cases=5,
+        items = item_plan.plan(exercises.get(exercise), device=device, secret=secret, random_cases=5,
                           speed_budget_s=1.0, cases_seed=cases_seed)
         return [(it.id, it.case) for it in items if it.case is not None]
 

@@ -18,8 +18,8 @@ from grader import exercises
 from grader.checks import compare, tensors
 from grader.checks.call_records import Execution
 from grader.checks.spec import Tolerance
+from grader.grading.exercise_run.item_plan import Item
 from grader.grading.exercise_run.judging import ExerciseJudge, output_fingerprint
-from grader.grading.exercise_run.plan import Item
 from grader.grading.isolation import protocol, wire
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.int64, torch.bool]

@@ -17,7 +17,7 @@ import pytest
 
 from grader import exercises
 from grader.grading import config
-from grader.grading.exercise_run import plan
+from grader.grading.exercise_run import item_plan
 from grader.grading.results import class_report, rebuild, store
 from grader.grading.results.results import (
     FAILED,
@@ -39,7 +39,7 @@ WRONG = "y: max abs error 3.2 at [17], expected 0.5"
 
 
 def _checks(exercise, failing: set[str] = frozenset()) -> list[CheckResult]:
-    items = plan.plan(exercise, device="cpu", secret="s", random_cases=2, speed_budget_s=1.0)
+    items = item_plan.plan(exercise, device="cpu", secret="s", random_cases=2, speed_budget_s=1.0)
     return [CheckResult(it.id, it.role, it.label, FAILED if it.id in failing else PASSED,
                         WRONG if it.id in failing else "") for it in items]
 

@@ -10,7 +10,7 @@ import pytest
 
 from grader import cli
 from grader.grading import config
-from grader.grading.exercise_run import plan
+from grader.grading.exercise_run import item_plan
 from grader.grading.exercise_run.judging import ExerciseJudge
 from grader.grading.isolation import protocol
 from grader.speed import credit
@@ -29,7 +29,7 @@ def _course(tmp_path, text: str) -> config.Course:
 
 def _judged(measurement, monkeypatch, limits, curves):
     monkeypatch.setattr(credit, "load_thresholds", lambda gpu=None: limits)
-    item = next(it for it in plan.plan(GELU, device="cuda", secret="s", random_cases=0, speed_budget_s=1.0)
+    item = next(it for it in item_plan.plan(GELU, device="cuda", secret="s", random_cases=0, speed_budget_s=1.0)
                 if it.role == "speed")
     judge = ExerciseJudge(GELU, device="cuda", student_dir="/nowhere", curves=curves)
     judge.on_reply(item, protocol.RunSpeed(item.id, PART.name, 1.0, None), protocol.SpeedDone(item.id, measurement))

@@ -1,18 +1,18 @@
-"""An exercise's plan (grader.grading.exercise_run.plan): speed is planned on a GPU only, and parts that share a
+"""An exercise's plan (grader.grading.exercise_run.item_plan): speed is planned on a GPU only, and parts that share a
 strategy share their random shapes, each with values of its own."""
 
 from __future__ import annotations
 
 from grader import exercises
-from grader.grading.exercise_run import plan
+from grader.grading.exercise_run import item_plan
 
 GELU = exercises.get("gelu")
 
 
 def test_speed_is_not_planned_on_cpu():
-    assert not any(it.role == "speed" for it in plan.plan(GELU, device="cpu", secret="s", random_cases=0,
+    assert not any(it.role == "speed" for it in item_plan.plan(GELU, device="cpu", secret="s", random_cases=0,
                                                           speed_budget_s=1.0))
-    assert any(it.role == "speed" for it in plan.plan(GELU, device="cuda", secret="s", random_cases=0,
+    assert any(it.role == "speed" for it in item_plan.plan(GELU, device="cuda", secret="s", random_cases=0,
                                                       speed_budget_s=1.0))
 
 
@@ -22,7 +22,7 @@ def test_parts_that_share_a_strategy_share_their_random_shapes_with_values_of_th
     parts have strategies of their own, and their own draws."""
     def random_cases(exercise, device):
         by_part: dict[str, list] = {}
-        for it in plan.plan(exercise, device=device, secret="s", random_cases=12, speed_budget_s=1.0):
+        for it in item_plan.plan(exercise, device=device, secret="s", random_cases=12, speed_budget_s=1.0):
             if it.role == "random":
                 by_part.setdefault(it.part.name, []).append(it.case)
         return by_part
