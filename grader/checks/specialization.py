@@ -92,6 +92,24 @@ def install() -> bool:
         finally:
             self.device_caches = specialized
 
+    _original_run.append(run)
     JITFunction.run = patched_run
     _installed = True
     return True
+
+
+_original_run: list = []  # Triton's own JITFunction.run, where the patch is installed
+
+
+def installed() -> bool:
+    return _installed
+
+
+def uninstall() -> None:
+    """Give Triton its own ``JITFunction.run`` back (a process that installed the patch for a while: the tests)."""
+    global _installed
+    if _installed:
+        from triton.runtime.jit import JITFunction
+
+        JITFunction.run = _original_run.pop()
+        _installed = False

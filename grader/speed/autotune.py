@@ -117,6 +117,23 @@ def install(default: str = FIRST) -> bool:
 _original: dict[str, Any] = {}  # Triton's own Autotuner.run and Autotuner._bench, which the patches call
 
 
+def installed() -> str | None:
+    """The default mode of the installed patch; None where Triton's autotuner is its own."""
+    return _default if _installed else None
+
+
+def uninstall() -> None:
+    """Give Triton its own autotuner back (a process that installed the patch for a while: the tests). A later
+    :func:`install` patches it again."""
+    global _default, _installed
+    if _installed:
+        from triton.runtime.autotuner import Autotuner
+
+        Autotuner.run, Autotuner._bench = _original["run"], _original["bench"]
+        _installed = False
+    _default = TUNE
+
+
 def _patched_run(self, *args, **kwargs):
     run = _original["run"]
     current = _mode()
