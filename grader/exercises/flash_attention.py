@@ -261,9 +261,8 @@ def _bench_fb(label, lead, n, d, causal) -> Benchmark:  # forward + backward: 1 
 
 
 _BENCH_SIZES = (  # bf16; the cheapest first: the speed recheck computes its float64 reference (maybe on the CPU)
-    # batch 8: the reference's Python launch path costs ~0.1 ms per forward and ~0.45 ms per
-    # forward+backward through autograd (measured on an H200), as much as the GPU time at batch 4:
-    # ratios then varied by 9% (CV) across 10 runs; at batch 1 by 21%
+    # batch 8: at smaller batches the Python launch path is a large share of the call, and the ratios
+    # vary too much to credit (docs/decisions/0011-benchmark-shapes.md)
     ("b8h16-n2048-d64-causal", (8, 16), 2048, 64, True),
     ("b2h16-n4096-d128", (2, 16), 4096, 128, False),
     ("b2h16-n4096-d128-causal", (2, 16), 4096, 128, True),
