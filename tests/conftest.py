@@ -27,12 +27,14 @@ def _triton_patches_restored():
     """A test that patches Triton's autotuner or its kernel launches (``autotune.install``,
     ``specialization.install``) leaves them as it found them: a patch left behind changes how every later test in
     the process runs kernels (an autotuner left choosing its first config slows the references that later tests
-    time)."""
+    time), and no choice an autotuner made without timing: a kernel of a module the process keeps loaded (the
+    references, loaded once per process) would run it where a later test times the kernel."""
     from grader.checks import specialization
     from grader.speed import autotune
 
     tuner, specializing = autotune.installed(), specialization.installed()
     yield
+    autotune.forget_untimed()
     if autotune.installed() != tuner:
         autotune.uninstall()
         if tuner is not None:

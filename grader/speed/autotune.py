@@ -123,9 +123,11 @@ def installed() -> str | None:
 
 
 def uninstall() -> None:
-    """Give Triton its own autotuner back (a process that installed the patch for a while: the tests). A later
-    :func:`install` patches it again."""
+    """Give Triton its own autotuner back (a process that installed the patch for a while: the tests), without
+    the choices the patch made untimed (a kernel object kept by the process would run them where Triton would time
+    its candidates). A later :func:`install` patches it again."""
     global _default, _installed
+    forget_untimed()
     if _installed:
         from triton.runtime.autotuner import Autotuner
 

@@ -8,19 +8,38 @@ from pathlib import Path
 CONFTEST = Path(__file__).resolve().parents[1] / "conftest.py"
 
 TESTS = """
+from triton.runtime.autotuner import Autotuner, Config
+
 from grader.checks import specialization
 from grader.speed import autotune
 
 found = {}
 
 
-def test_patches_triton():
+class _Kernel:
+    \"\"\"Stands in for a JITFunction: its launches do nothing.\"\"\"
+
+    fn = staticmethod(lambda n, BLOCK: None)
+    arg_names = ["n", "BLOCK"]
+
+    def run(self, *args, grid, warmup, **kwargs):
+        pass
+
+
+def test_patches_triton_and_autotunes_untimed():
     found.update(tuner=autotune.installed(), specializing=specialization.installed())
-    assert autotune.install(default=autotune.TUNE) and specialization.install()
+    assert autotune.install(default=autotune.FIRST) and specialization.install()
+    kernel = _Kernel()
+    tuner = Autotuner(kernel, kernel.arg_names, [Config({"BLOCK": 16}), Config({"BLOCK": 32})], key=["n"],
+                      reset_to_zero=None, restore_value=None)
+    tuner.run(100, grid=(1,), warmup=False)
+    assert tuner.cache  # the first config, chosen without timing
+    found["autotuner"] = tuner
 
 
 def test_finds_triton_as_the_first_test_found_it():
     assert (autotune.installed(), specialization.installed()) == (found["tuner"], found["specializing"])
+    assert not found["autotuner"].cache  # the next call times its candidates
 """
 
 
