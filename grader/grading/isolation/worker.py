@@ -89,7 +89,7 @@ def _run(request, exercise, modules: dict, device: str, root: str = ""):
     NotImplementedError from a call that must raise or an extra check means "not written yet"."""
     from grader.checks import execute, specialization
     from grader.grading.isolation import protocol as p
-    from grader.speed import autotune, student_calls
+    from grader.speed import autotune, student_calls, tamper
 
     part = exercise.part(request.part)
     module = modules[part.name]
@@ -136,6 +136,7 @@ def _run(request, exercise, modules: dict, device: str, root: str = ""):
                 student_calls.tune_part(part, module)
             with autotune.mode(autotune.TUNE):  # recorded sharing the GPU (a choice not made yet takes a turn)
                 measurement = student_calls.record_part(part, module, recheck_inputs=request.recheck_inputs)
+            measurement.tampered = tamper.tampered()  # what the student's code replaced of timing's primitives
             if measurement.benchmarks and all(b.not_implemented for b in measurement.benchmarks):
                 return p.NotImplementedYet(request.id, measurement.error or "not implemented")
             return p.SpeedDone(request.id, measurement)
