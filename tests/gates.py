@@ -8,7 +8,7 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from grader.checks.gpu_gate import Gate
 from grader.grading.isolation.gpu_arbiter import HURRY_AFTER_S, Client, GpuArbiter
@@ -79,3 +79,23 @@ def drain_waits_for(clock: ManualClock, process: ThreadProcess) -> None:
     until(lambda: clock.deadline_of(drained) is not None, f"a turn waits for {name} to pause")
     clock.advance(2 * HURRY_AFTER_S)
     until(lambda: (clock.deadline_of(drained) or 0.0) > clock.now(), f"a turn still waits for {name} once hurried")
+
+
+@contextlib.contextmanager
+def turn_held(process: ThreadProcess) -> Iterator[None]:
+    """A thread of ``process`` holds the GPU alone: granted when the block starts, ended when the block ends."""
+    granted, end = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with process.gate.alone():
+            granted.set()
+            end.wait(HANG_S)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert granted.wait(HANG_S), f"{process.client.name} is never granted the GPU alone"
+    try:
+        yield
+    finally:
+        end.set()
+        holder.join(HANG_S)

@@ -13,7 +13,7 @@ import pytest
 
 from grader.grading.batch.profiling import held_up_text
 from grader.grading.isolation.gpu_arbiter import GpuArbiter
-from tests.gates import HANG_S, ThreadProcess, asked_turns, until
+from tests.gates import HANG_S, ThreadProcess, asked_turns, turn_held, until
 from tests.manual_clock import ManualClock
 
 
@@ -82,26 +82,16 @@ def test_the_wait_for_a_turn_is_counted_as_the_processes_and_told_to_it():
     holder = ThreadProcess(arbiter, "holder")
     waiter = ThreadProcess(arbiter, "waiter")
     waiter.gate._watch = Watch()
-    granted, end = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        with holder.gate.alone():
-            granted.set()
-            end.wait(HANG_S)
 
     def use() -> None:
         with waiter.gate.use():  # paused: waits for the turn to end
             pass
 
-    t = threading.Thread(target=hold)
-    t.start()
-    assert granted.wait(HANG_S)
-    u = threading.Thread(target=use)
-    u.start()
-    until(waiter.paused_and_waiting, "the waiter waits for the turn")
-    clock.advance(0.6)
-    end.set()
-    t.join(HANG_S)
+    with turn_held(holder):
+        u = threading.Thread(target=use)
+        u.start()
+        until(waiter.paused_and_waiting, "the waiter waits for the turn")
+        clock.advance(0.6)
     u.join(HANG_S)
     assert waiter.client.waited_s == pytest.approx(0.6) and waiter.gate.paused_s == pytest.approx(0.6)
     assert told == ["pause", "resume"]
@@ -117,26 +107,16 @@ def test_the_profile_says_how_long_turns_waited_behind_each_other(monkeypatch):
     clock = ManualClock()
     slot = Slot("cuda:0", {"kind": "cuda", "name": "fake GPU", "index": 0}, arbiter=GpuArbiter(clock=clock))
     first, second = ThreadProcess(slot.arbiter, "first"), ThreadProcess(slot.arbiter, "second")
-    granted, end = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        with first.gate.alone():
-            granted.set()
-            end.wait(HANG_S)
 
     def queued() -> None:
         with second.gate.alone():  # queued behind the first turn
             pass
 
-    t = threading.Thread(target=hold)
-    t.start()
-    assert granted.wait(HANG_S)
-    s = threading.Thread(target=queued)
-    s.start()
-    until(lambda: asked_turns(slot.arbiter) == 1, "the second turn is asked for")
-    clock.advance(0.5)
-    end.set()
-    t.join(HANG_S)
+    with turn_held(first):
+        s = threading.Thread(target=queued)
+        s.start()
+        until(lambda: asked_turns(slot.arbiter) == 1, "the second turn is asked for")
+        clock.advance(0.5)
     s.join(HANG_S)
     notes = []
     progress = SimpleNamespace(started=time.monotonic() - 5.0, done=2, note=notes.append)
@@ -156,12 +136,7 @@ def test_the_time_a_process_waits_to_use_the_gpu_during_a_turn_is_counted_and_a_
     arbiter = GpuArbiter(clock=clock)
     waiting, compiling = ThreadProcess(arbiter, "waiting"), ThreadProcess(arbiter, "compiling")
     timer = ThreadProcess(arbiter, "timer", role="timer")
-    granted, end, in_compiler, done = threading.Event(), threading.Event(), threading.Event(), threading.Event()
-
-    def hold() -> None:
-        with timer.gate.alone():
-            granted.set()
-            end.wait(HANG_S)
+    in_compiler, done = threading.Event(), threading.Event()
 
     def compile_then_wait() -> None:
         with compiling.gate.use(), compiling.gate.released():
@@ -175,17 +150,13 @@ def test_the_time_a_process_waits_to_use_the_gpu_during_a_turn_is_counted_and_a_
     c = threading.Thread(target=compile_then_wait)
     c.start()
     assert in_compiler.wait(HANG_S)
-    t = threading.Thread(target=hold)
-    t.start()
-    assert granted.wait(HANG_S)
-    clock.advance(0.2)
-    u = threading.Thread(target=use)
-    u.start()
-    until(waiting.paused_and_waiting, "the waiting process asks to use the GPU")
-    clock.advance(0.4)
-    end.set()
-    for thread in (t, u):
-        thread.join(HANG_S)
+    with turn_held(timer):
+        clock.advance(0.2)
+        u = threading.Thread(target=use)
+        u.start()
+        until(waiting.paused_and_waiting, "the waiting process asks to use the GPU")
+        clock.advance(0.4)
+    u.join(HANG_S)
     done.set()
     c.join(HANG_S)
     assert waiting.client.blocked_s == pytest.approx(0.4)  # from its asking to the end of the turn
