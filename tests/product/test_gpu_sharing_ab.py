@@ -1,0 +1,46 @@
+"""scripts/gpu_sharing_ab.py reads the arbiter's counts off the profile ``grader grade --profile`` prints, and its
+arm B really turns off what it says (a patch naming an attribute that no longer exists would change nothing)."""
+
+import importlib.util
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+from grader.grading.batch import profiling
+from grader.grading.exercise_run.slots import Slot
+from grader.grading.isolation import gpu_arbiter
+from tests.manual_clock import ManualClock
+
+ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("gpu_sharing_ab", ROOT / "scripts" / "gpu_sharing_ab.py")
+ab = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(ab)
+
+
+def test_the_arbiters_counts_are_read_off_the_profile(monkeypatch):
+    monkeypatch.setattr(profiling, "gpu_references", SimpleNamespace(of=lambda arbiter: None))
+    arbiter = gpu_arbiter.GpuArbiter(clock=ManualClock())
+    arbiter.alone_s, arbiter.alone_count, arbiter.chained = 41.7, 90, 12
+    arbiter.alone_by_role = {"timer": 25.0, "worker": 16.7}
+    arbiter.drain_s, arbiter.queue_s = 8.25, 30.5
+    slot = Slot("cuda:0", {"kind": "cuda", "name": "fake GPU", "index": 0}, arbiter=arbiter)
+    notes: list[str] = []
+    profiling.report(SimpleNamespace(started=time.monotonic() - 200.0, done=3, note=notes.append), [slot],
+                     submissions=3)
+    assert ab.arbiter_counts(notes[0]) == {"alone_s": "41.7", "turns": "90", "chained": "12", "drain_s": "8.2",
+                                           "queue_s": "30.5"}
+    assert ab.arbiter_counts("graded 3 submissions on the CPU") == {}
+
+
+def test_arm_b_turns_off_chained_turns_and_hurried_workers(monkeypatch):
+    assert "MAX_CHAIN_S" in vars(gpu_arbiter) and "_hurry" in vars(gpu_arbiter.Client)
+    monkeypatch.setattr(gpu_arbiter, "MAX_CHAIN_S", gpu_arbiter.MAX_CHAIN_S)  # restored after the test
+    monkeypatch.setattr(gpu_arbiter.Client, "_hurry", gpu_arbiter.Client._hurry)
+    exec(ab.ARMS["B"], {})
+    assert gpu_arbiter.MAX_CHAIN_S == 0.0
+    client = gpu_arbiter.GpuArbiter(clock=ManualClock()).connect("worker")
+    told: list[bool] = []
+    client.hurry = told.append
+    client.hurry_up()
+    assert told == []
+    client.close()
