@@ -1,4 +1,4 @@
-"""Grade one exercise of one implementation tree: plan the checks (:mod:`.plan`), run them in sandboxed workers
+"""Grade one exercise of one implementation tree: plan the checks (:mod:`.item_plan`), run them in sandboxed workers
 (:mod:`.supervise`) and judge the replies as they come (:mod:`.judging`). This is the grader's side: it never
 imports student code.
 
