@@ -97,6 +97,39 @@ def browser():
     return webdriver.Chrome(service=Service(executable_path=driver), options=options)
 
 
+PAGE_WAIT_S = 20.0  # a page that has not loaded by then never will
+
+
+def _on_page(browser, read, wait: float):
+    """``read(browser)`` once it succeeds and gives something: a click's navigation or a page's refresh may be under
+    way, which replaces the elements a read finds (retried, as a reader would wait)."""
+    from selenium.common.exceptions import WebDriverException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(browser, wait, poll_frequency=0.2, ignored_exceptions=(WebDriverException,)).until(read)
+
+
+def element(browser, element_id: str, wait: float = PAGE_WAIT_S):
+    """The element with this id, once the page that has it has loaded."""
+    from selenium.webdriver.common.by import By
+
+    return _on_page(browser, lambda b: b.find_element(By.ID, element_id), wait)
+
+
+def text_of(browser, element_id: str, wait: float = PAGE_WAIT_S) -> str:
+    """The element's text, read in the same wait that finds it (a found element may be detached by then)."""
+    from selenium.webdriver.common.by import By
+
+    return _on_page(browser, lambda b: b.find_element(By.ID, element_id).text, wait)
+
+
+def attribute_of(browser, element_id: str, name: str, wait: float = PAGE_WAIT_S) -> str:
+    """The element's attribute, read in the same wait that finds it."""
+    from selenium.webdriver.common.by import By
+
+    return _on_page(browser, lambda b: b.find_element(By.ID, element_id).get_attribute(name), wait)
+
+
 def grader_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "grader.cli", *args]
 

@@ -126,20 +126,20 @@ def test_the_web_page_logs_in_uploads_and_shows_the_report_and_leaderboard(serve
     from selenium.webdriver.support.ui import WebDriverWait
 
     def el(element_id: str):
-        """The element, once the page that has it has loaded (a click's navigation or a refresh may be under way:
-        retried, as a reader would wait)."""
-        return WebDriverWait(browser, 20, poll_frequency=0.2, ignored_exceptions=(WebDriverException,)).until(
-            lambda b: b.find_element(By.ID, element_id))
+        return helpers.element(browser, element_id)
+
+    def text_of(element_id: str) -> str:
+        return helpers.text_of(browser, element_id)
 
     try:
         browser.get(running.url + "/")
         el("token").send_keys("not-a-token")
         el("login").click()
-        assert "not valid" in el("login-error").text
+        assert "not valid" in text_of("login-error")
         el("token").send_keys(tokens["carol"])
         el("login").click()
         WebDriverWait(browser, 20).until(lambda b: b.current_url.endswith("/me"))
-        assert "speed is not" in el("device-note").text
+        assert "speed is not" in text_of("device-note")
         assert el("no-submissions")
         el("file").send_keys(str(helpers.gelu_zip(tmp_path / "carol.zip")))
         el("upload").click()
@@ -147,19 +147,19 @@ def test_the_web_page_logs_in_uploads_and_shows_the_report_and_leaderboard(serve
         # the page refreshes itself while the submission waits and is graded (a poll may land mid-reload)
         WebDriverWait(browser, 120, poll_frequency=0.5, ignored_exceptions=(WebDriverException,)).until(
             lambda b: b.find_element(By.ID, "status").get_attribute("data-status") in ("done", "failed"))
-        assert el("status").get_attribute("data-status") == "done"
-        assert el("score").text == "Score: 9.26 / 9.26"
+        assert helpers.attribute_of(browser, "status", "data-status") == "done"
+        assert text_of("score") == "Score: 9.26 / 9.26"
         browser.switch_to.frame(el("report"))
         assert "Grade report: carol" in browser.find_element(By.TAG_NAME, "body").text
         browser.switch_to.default_content()
         browser.get(running.url + "/leaderboard")
-        assert "Speed is graded on a GPU only" in el("no-times").text
+        assert "Speed is graded on a GPU only" in text_of("no-times")
         browser.get(running.url + "/me")
         rows = browser.find_elements(By.CSS_SELECTOR, "tr.submission")
         assert [r.get_attribute("data-status") for r in rows] == ["done"]  # carol's own, none of alice's
         # a guessed URL of alice's submission, with carol's cookie
         browser.get(running.url + f"/submissions/{_alices_id(alices_submission)}")
-        assert "is not yours" in el("error").text
+        assert "is not yours" in text_of("error")
         browser.get(running.url + "/me")
         el("logout").click()
         time.sleep(0.2)

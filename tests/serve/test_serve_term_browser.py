@@ -55,9 +55,11 @@ def test_the_terms_operations_show_on_the_pages(term, tmp_path):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    def el(element_id: str, wait: float = 20):
-        return WebDriverWait(browser, wait, poll_frequency=0.2, ignored_exceptions=(WebDriverException,)).until(
-            lambda b: b.find_element(By.ID, element_id))
+    def el(element_id: str):
+        return helpers.element(browser, element_id)
+
+    def text_of(element_id: str) -> str:
+        return helpers.text_of(browser, element_id)
 
     def log_in(token: str) -> None:
         browser.delete_all_cookies()
@@ -71,18 +73,18 @@ def test_the_terms_operations_show_on_the_pages(term, tmp_path):
         WebDriverWait(browser, 20).until(lambda b: re.search(r"/submissions/\d+$", b.current_url))
         WebDriverWait(browser, 180, poll_frequency=0.5, ignored_exceptions=(WebDriverException,)).until(
             lambda b: b.find_element(By.ID, "status").get_attribute("data-status") in ("done", "failed"))
-        assert el("status").get_attribute("data-status") == "done"
+        assert helpers.attribute_of(browser, "status", "data-status") == "done"
 
     try:
         # which submission counts is said to the student before they hand anything in
         log_in(tokens["bob"])
-        assert "latest" in el("counts-rule").text
+        assert "latest" in text_of("counts-rule")
         upload("bob")
         assert browser.find_elements(By.ID, "late") == []  # bob's extension: on time
         bobs_first = int(browser.current_url.rsplit("/", 1)[1])
         log_in(tokens["dave"])
         upload("dave")
-        assert el("late").text == "Handed in after the deadline of: gelu."
+        assert text_of("late") == "Handed in after the deadline of: gelu."
         _cli(folder, "override", "dave", "gelu", "5", "--reason", "partial credit by hand")
         _cli(folder, "regrade", "--student", "bob", "--reason", "a grader fix")
 
@@ -108,13 +110,13 @@ def test_the_terms_operations_show_on_the_pages(term, tmp_path):
         assert el("token")  # the login form: the old session no longer counts
         el("token").send_keys(tokens["bob"])
         el("login").click()
-        assert "not valid" in el("login-error").text
+        assert "not valid" in text_of("login-error")
         log_in(new)
         WebDriverWait(browser, 20).until(lambda b: b.current_url.endswith("/me"))
         assert browser.find_elements(By.CSS_SELECTOR, "tr.submission")
         # a revoked token no longer logs in
         _cli(folder, "roster", "revoke", "dave")
         log_in(tokens["dave"])
-        assert "not valid" in el("login-error").text
+        assert "not valid" in text_of("login-error")
     finally:
         browser.quit()
