@@ -27,13 +27,13 @@ def measure_replayed(part: Part, module: ModuleType, bench: Benchmark, *, budget
         recorded, record_s = record_benchmark(part, module, bench)
     except NotImplementedError:
         return BenchmarkTiming(bench.label, error=f"{' / '.join(part.functions)} is not implemented yet",
-                                       not_implemented=True)
+                               not_implemented=True)
     except Exception as exc:
         return BenchmarkTiming(bench.label, error=f"{part.functions[0]} raised {student_traceback(exc)}")
     if isinstance(recorded, str):
         return BenchmarkTiming(bench.label, error=f"not measurable: {recorded}")
     with tempfile.TemporaryDirectory(prefix="grader-replay-") as folder:
         timed = trusted.time_plan(part, bench, recorded, folder=Path(folder), budget_s=budget_s, baselines=baselines,
-                          samples=samples, extra=extra)
+                                  samples=samples, extra=extra)
     timed.row.warmup_s += record_s
     return timed.row

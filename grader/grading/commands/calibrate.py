@@ -123,7 +123,7 @@ def calibrate(
             runs = []
             for _ in range(repeats):
                 row = in_process.measure_replayed(part, module, bench, budget_s=budget_s,
-                                               baselines=[part.speed_baseline])
+                                                  baselines=[part.speed_baseline])
                 if row.error:
                     raise SystemExit(f"grader calibrate: {exercise.name} {part.name} {bench.label}: {row.error}")
                 runs.append(Run(row.median(measure.STUDENT), row.median(part.speed_baseline)))
@@ -147,7 +147,7 @@ def calibrate(
                         "budget_s": budget_s, "timing": TIMING},
     }
     result = calibrated.Thresholds(torch.cuda.get_device_name(), entries, None, roof["copy_gbps"],
-                           roof["matmul_tflops"], meta)
+                                   roof["matmul_tflops"], meta)
     return result, rows
 
 

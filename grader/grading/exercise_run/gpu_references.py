@@ -126,7 +126,7 @@ def for_slot(slot: Slot | None) -> GpuReferences | None:
         found = _BY_ARBITER.get(slot.arbiter)
         if found is None:
             found = _BY_ARBITER[slot.arbiter] = GpuReferences(int(slot.device["index"]), slot.arbiter,
-                                                             runs=slot.capacity)
+                                                              runs=slot.capacity)
         return found
 
 

@@ -73,8 +73,8 @@ def grade_exercise(exercise: Exercise, root: Path, *, settings: RunSettings, scr
     try:
         planned = time.monotonic()
         items = item_plan.plan(exercise, device=settings.device, secret=settings.secret,
-                              random_cases=settings.random_cases, speed_budget_s=settings.speed_budget_s, parts=parts,
-                              cases_seed=settings.cases_seed)
+                               random_cases=settings.random_cases, speed_budget_s=settings.speed_budget_s,
+                               parts=parts, cases_seed=settings.cases_seed)
         result.profile["plan"] = time.monotonic() - planned
         timed = [p for p in selected if any(i.kind == "speed" and i.part is p for i in items)]
         if timed and settings.device == "cuda":
@@ -85,7 +85,7 @@ def grade_exercise(exercise: Exercise, root: Path, *, settings: RunSettings, scr
         student_dir = os.path.join(seen_root, exercise.name) if settings.sandbox else os.path.realpath(path.parent)
         on_gpu = gpu_references.for_slot(slot)  # the float64 references on the slot's GPU, if it has one
         refs = CaseReferences(settings.references or references.local(settings.secret), exercise.name,
-                                         compute=on_gpu.compute if on_gpu is not None else None)
+                              compute=on_gpu.compute if on_gpu is not None else None)
         judge = ExerciseJudge(exercise, device=settings.device, student_dir=student_dir, gpu_name=settings.gpu_name,
                               curves=settings.speed_curves, references=refs)
         arbiter = slot.arbiter if slot is not None else None

@@ -109,7 +109,7 @@ def record(exercise: Exercise, root: Path, *, settings: RunSettings, slot: Slot 
     if slot is not None:
         settings = replace(settings, env={**settings.env, **slot.env}, gpu_name=slot.gpu_name or settings.gpu_name)
     items = [item for item in item_plan.plan(exercise, device="cuda", secret=settings.secret, random_cases=0,
-                                            speed_budget_s=settings.speed_budget_s, cases_seed=settings.cases_seed)
+                                             speed_budget_s=settings.speed_budget_s, cases_seed=settings.cases_seed)
              if item.kind == "speed"]
     refs = CaseReferences(settings.references or references.local(settings.secret), exercise.name)
     # Connected to the GPU's arbiter like a student's worker: its autotuners time their configs alone, and it
