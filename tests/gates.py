@@ -18,13 +18,14 @@ HANG_S = 30.0  # a wait this long means a hang: no test's outcome depends on how
 LOOK_S = 0.002  # how often until() looks
 
 
-def until(condition: Callable[[], object], what: str, timeout_s: float = HANG_S) -> None:
-    """Return once ``condition()`` holds; fail after ``timeout_s`` (``what`` says what never happened)."""
+def until(condition: Callable[[], object], what: str, timeout_s: float = HANG_S, *, look_s: float = LOOK_S) -> None:
+    """Return once ``condition()`` holds, looking every ``look_s``; fail after ``timeout_s`` (``what`` says what
+    never happened)."""
     end = time.monotonic() + timeout_s
     while not condition():
         if time.monotonic() > end:
             raise AssertionError(f"after {timeout_s:g} s: {what}")
-        time.sleep(LOOK_S)
+        time.sleep(look_s)
 
 
 def waiting_in(cond: threading.Condition) -> int:

@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -27,6 +26,7 @@ from grader.grading.commands import grade as grade_cmd
 from grader.grading.results import reports, store
 
 from ... import sandboxing
+from ...gates import until
 
 REPO = Path(__file__).resolve().parents[3]
 CORPUS = REPO / "tests" / "submissions"
@@ -60,12 +60,8 @@ def _grader(subs: list[Path], out: Path, scratch: Path, *extra: str) -> subproce
                              *extra], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def _wait_for(predicate, timeout_s: float = 120.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
+LOOK_S = 0.1  # how often a wait looks: a look may read every process's environment
+RUN_S = 120.0  # a grading step that takes longer hangs
 
 
 def _processes_under(path: Path) -> list[int]:
@@ -100,8 +96,9 @@ def _detached() -> list[int]:
 
 
 def _no_leftovers(scratch: Path, out: Path) -> None:
-    _wait_for(lambda: not _processes_under(scratch), 15, f"the batch's processes to end: {_processes_under(scratch)}")
-    _wait_for(lambda: not any(scratch.iterdir()), 15, "the reaper to remove the scratch directory")
+    until(lambda: not _processes_under(scratch), f"the batch's processes to end: {_processes_under(scratch)}", 15,
+          look_s=LOOK_S)
+    until(lambda: not any(scratch.iterdir()), "the reaper to remove the scratch directory", 15, look_s=LOOK_S)
     half_written = [p for p in out.rglob("*") if p.name.endswith(".tmp")]
     assert half_written == []
 
@@ -115,9 +112,9 @@ def test_sigkill_mid_batch_then_the_same_command_grades_only_the_rest(tmp_path, 
     subs = _class(tmp_path / "class")
     out, scratch = tmp_path / "out", tmp_path / "scratch"
     first = _grader(subs, out, scratch, "--jobs", "1")
-    _wait_for(lambda: _state(out, "alice").exists(), what="alice's result")
-    _wait_for(lambda: store.marker_path(out, "bob", "gelu").exists(), what="bob's task to start")
-    _wait_for(lambda: _detached(), what="bob's detached child")
+    until(lambda: _state(out, "alice").exists(), "alice's result", RUN_S, look_s=LOOK_S)
+    until(lambda: store.marker_path(out, "bob", "gelu").exists(), "bob's task to start", RUN_S, look_s=LOOK_S)
+    until(lambda: _detached(), "bob's detached child", RUN_S, look_s=LOOK_S)
     (child,) = _detached()
     first.send_signal(signal.SIGKILL)
     first.wait(10)
@@ -155,7 +152,7 @@ def test_sigterm_stops_the_batch_cleanly(tmp_path):
     subs = _class(tmp_path / "class")[:2]
     out, scratch = tmp_path / "out", tmp_path / "scratch"
     first = _grader(subs, out, scratch, "--jobs", "1")
-    _wait_for(lambda: store.marker_path(out, "bob", "gelu").exists(), what="bob's task to start")
+    until(lambda: store.marker_path(out, "bob", "gelu").exists(), "bob's task to start", RUN_S, look_s=LOOK_S)
     first.send_signal(signal.SIGTERM)
     log, _ = first.communicate(timeout=30)
     assert first.returncode == 128 + signal.SIGTERM, log
