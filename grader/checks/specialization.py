@@ -92,13 +92,13 @@ def install() -> bool:
         finally:
             self.device_caches = specialized
 
-    _original_run.append(run)
+    _original["run"] = run
     JITFunction.run = patched_run
     _installed = True
     return True
 
 
-_original_run: list = []  # Triton's own JITFunction.run, where the patch is installed
+_original: dict = {}  # Triton's own JITFunction.run ("run"), which uninstall() puts back
 
 
 def installed() -> bool:
@@ -111,5 +111,5 @@ def uninstall() -> None:
     if _installed:
         from triton.runtime.jit import JITFunction
 
-        JITFunction.run = _original_run.pop()
+        JITFunction.run = _original.pop("run")
         _installed = False
