@@ -58,9 +58,11 @@ def grade(arm: str, submissions: list[Path], out: Path, limit_s: float) -> tuple
                                "--profile", "--out", str(out)], capture_output=True, text=True, timeout=limit_s,
                               cwd=ROOT)
         text, code = done.stdout + done.stderr, done.returncode
-    except subprocess.TimeoutExpired as exc:
-        text, code = f"{exc.stdout or ''}{exc.stderr or ''}", 124
-    return time.monotonic() - start, text if isinstance(text, str) else text.decode(errors="replace"), code
+    except subprocess.TimeoutExpired as exc:  # its output comes as bytes, even with text=True
+        text = "".join(part.decode(errors="replace") if isinstance(part, bytes) else part or ""
+                       for part in (exc.stdout, exc.stderr))
+        code = 124
+    return time.monotonic() - start, text, code
 
 
 def scores(out: Path) -> str:
