@@ -1,13 +1,16 @@
 """Rows of docs/data/gpu-sharing-ab.csv: batches graded on one GPU with the GPU-sharing arbiter as shipped (arm A)
 and without its two speed-ups (arm B: no turn chained right after another, ``MAX_CHAIN_S = 0``; no niced worker
-told to hurry), alternating, so that a drift of the host falls on both arms alike.
+told to hurry), alternating, so that a drift of the host falls on both arms alike. A third arm, O, grades with the
+grader of an earlier commit, checked out in the folder ``--before`` names (``git worktree add DIR COMMIT``).
 
     python scripts/gpu_sharing_ab.py --order ABABABABAB --copies 3 >> docs/data/gpu-sharing-ab.csv
+    python scripts/gpu_sharing_ab.py --order ABOABOABOABOABO --before ../before --args=--no-yardstick --warm-up
 
 Each batch grades ``--copies`` copies of ``solutions/`` with ``grader grade --profile`` in a fresh grader process
 (the arm's patch applied in it before the grader starts), into a folder of its own. A row: the batch's wall time,
 the scores, and the arbiter's own counts from the profile (GPU held alone, turns, chained turns, the wait for the
-others' GPU work before the turns, the wait for a turn).
+others' GPU work before the turns, the wait for a turn). ``--warm-up`` grades one batch of the first arm before the
+others, as batch 0: a GPU's first batch records the references' speed, which later batches find recorded.
 """
 
 from __future__ import annotations
@@ -23,8 +26,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FIELDS = ["date", "commit", "gpu", "arm", "batch", "submissions", "wall_s", "scores", "alone_s", "turns",
-          "chained", "drain_s", "queue_s", "exit"]
+FIELDS = ["date", "commit", "gpu", "arm", "grader_commit", "grader_args", "batch", "submissions", "wall_s", "scores",
+          "alone_s", "turns", "chained", "drain_s", "queue_s", "exit"]
 
 # Arm B's patch, applied in the grader process (the arbiter runs on the grader's threads) before it starts.
 ARMS = {
@@ -32,6 +35,7 @@ ARMS = {
     "B": ("import grader.grading.isolation.gpu_arbiter as a\n"
           "a.MAX_CHAIN_S = 0.0\n"
           "a.Client._hurry = lambda self, on: None\n"),
+    "O": "",  # the earlier commit's grader, unpatched; it runs from its own folder, which comes first on sys.path
 }
 GRADE = "import sys\n{patch}from grader.cli import main\nsys.exit(main(sys.argv[1:]))\n"
 
@@ -50,19 +54,28 @@ def arbiter_counts(profile: str) -> dict[str, str]:
             "drain_s": found["drain"], "queue_s": found["queue"]}
 
 
-def grade(arm: str, submissions: list[Path], out: Path, limit_s: float) -> tuple[float, str, int]:
-    """One batch in a fresh grader process with the arm's patch: wall time, the profile's text, exit status."""
+def grade(arm: str, submissions: list[Path], out: Path, limit_s: float, *, home: Path = ROOT,
+          args: tuple[str, ...] = ()) -> tuple[float, str, int]:
+    """One batch in a fresh grader process with the arm's patch, the grader imported from ``home`` and given
+    ``args`` besides: wall time, the profile's text, exit status."""
     start = time.monotonic()
     try:
         done = subprocess.run([sys.executable, "-c", GRADE.format(patch=ARMS[arm]), "grade", *map(str, submissions),
-                               "--profile", "--out", str(out)], capture_output=True, text=True, timeout=limit_s,
-                              cwd=ROOT)
+                               "--profile", "--out", str(out), *args], capture_output=True, text=True,
+                              timeout=limit_s, cwd=home)
         text, code = done.stdout + done.stderr, done.returncode
     except subprocess.TimeoutExpired as exc:  # its output comes as bytes, even with text=True
         text = "".join(part.decode(errors="replace") if isinstance(part, bytes) else part or ""
                        for part in (exc.stdout, exc.stderr))
         code = 124
     return time.monotonic() - start, text, code
+
+
+def commit_of(folder: Path) -> str:
+    """The commit checked out in ``folder``; empty where ``folder`` is not the top of a git work tree."""
+    git = subprocess.run(["git", "rev-parse", "--show-toplevel", "--short", "HEAD"], capture_output=True, text=True,
+                         cwd=folder).stdout.split()
+    return git[1] if len(git) == 2 and Path(git[0]).resolve() == folder.resolve() else ""
 
 
 def scores(out: Path) -> str:
@@ -78,14 +91,24 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--copies", type=int, default=3, help="copies of solutions/ in each batch")
     parser.add_argument("--limit-s", type=float, default=600.0, help="a batch's wall-clock limit")
     parser.add_argument("--header", action="store_true", help="print the CSV header first")
+    parser.add_argument("--args", default="", help="more arguments for this checkout's grader grade (arms A and B), "
+                        "e.g. --args=--no-yardstick")
+    parser.add_argument("--before", type=Path, help="arm O's folder: a checkout of the earlier commit to compare")
+    parser.add_argument("--commit", help="the commit of this checkout, where git cannot tell (default: from git)")
+    parser.add_argument("--before-commit", help="the commit checked out in --before (default: from git)")
+    parser.add_argument("--warm-up", action="store_true", help="grade one batch of the first arm first, as batch 0")
     args = parser.parse_args(argv)
     if not args.order or set(args.order) - set(ARMS):
         parser.error(f"--order takes the arms {', '.join(ARMS)}, e.g. ABABABABAB")
+    if "O" in args.order and (args.before is None or not (args.before / "grader" / "cli.py").is_file()):
+        parser.error("arm O needs --before DIR, a checkout of an earlier commit (DIR/grader/cli.py)")
     import torch
 
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=ROOT).stdout.strip()
+    commit = args.commit or commit_of(ROOT)
+    before = args.before.resolve() if args.before else None
+    homes = {"A": ROOT, "B": ROOT, "O": before}
+    graders = {"A": commit, "B": commit, "O": args.before_commit or (commit_of(before) if before else "")}
     writer = csv.writer(sys.stdout)
     if args.header:
         writer.writerow(FIELDS)
@@ -97,13 +120,15 @@ def main(argv: list[str]) -> int:
             copy = batch / f"ref{i}"
             subprocess.run(["cp", "-r", str(ROOT / "solutions"), str(copy)], check=True)
             submissions.append(copy)
-        for index, arm in enumerate(args.order, start=1):
+        first = 0 if args.warm_up else 1
+        for index, arm in enumerate(args.order[0] * (1 - first) + args.order, start=first):
             out = Path(tmp) / f"out-{index}-{arm}"
-            wall, profile, code = grade(arm, submissions, out, args.limit_s)
+            extra = () if arm == "O" else tuple(args.args.split())
+            wall, profile, code = grade(arm, submissions, out, args.limit_s, home=homes[arm], args=extra)
             counts = arbiter_counts(profile)
             row = {"date": datetime.date.today().isoformat(), "commit": commit, "gpu": gpu, "arm": arm,
-                   "batch": index, "submissions": args.copies, "wall_s": f"{wall:.1f}", "scores": scores(out),
-                   "exit": code, **counts}
+                   "grader_commit": graders[arm], "grader_args": " ".join(extra), "batch": index,
+                   "submissions": args.copies, "wall_s": f"{wall:.1f}", "scores": scores(out), "exit": code, **counts}
             writer.writerow([row.get(field, "") for field in FIELDS])
             sys.stdout.flush()
             if code != 0:

@@ -6,6 +6,8 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from grader.grading.batch import profiling
 from grader.grading.exercise_run.slots import Slot
 from grader.grading.isolation import gpu_arbiter
@@ -44,3 +46,26 @@ def test_arm_b_turns_off_chained_turns_and_hurried_workers(monkeypatch):
     client.hurry_up()
     assert told == []
     client.close()
+
+
+def test_arm_o_grades_with_the_earlier_checkouts_grader_and_only_this_checkouts_arms_get_args(
+        monkeypatch, tmp_path, capsys):
+    before = tmp_path / "before"
+    (before / "grader").mkdir(parents=True)
+    (before / "grader" / "cli.py").write_text("")
+    calls = []
+    monkeypatch.setattr(ab, "grade", lambda arm, submissions, out, limit_s, *, home, args:
+                        calls.append((arm, home, args, len(submissions))) or (1.0, "", 0))
+    ab.main(["--order", "AO", "--copies", "2", "--before", str(before), "--before-commit", "abc1234",
+             "--commit", "def5678", "--args=--no-yardstick", "--warm-up", "--header"])
+    assert calls == [("A", ab.ROOT, ("--no-yardstick",), 2), ("A", ab.ROOT, ("--no-yardstick",), 2),
+                     ("O", before.resolve(), (), 2)]
+    rows = [dict(zip(ab.FIELDS, line.split(","))) for line in capsys.readouterr().out.splitlines()[1:]]
+    assert [(r["batch"], r["arm"], r["grader_commit"], r["grader_args"]) for r in rows] == [
+        ("0", "A", "def5678", "--no-yardstick"), ("1", "A", "def5678", "--no-yardstick"), ("2", "O", "abc1234", "")]
+
+
+def test_arm_o_without_an_earlier_checkout_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        ab.main(["--order", "AO", "--before", str(tmp_path)])
+    assert "arm O needs --before DIR" in capsys.readouterr().err
