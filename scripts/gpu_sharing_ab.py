@@ -1,16 +1,16 @@
-"""Rows of docs/data/gpu-sharing-ab.csv: batches graded on one GPU with the GPU-sharing arbiter as shipped (arm A)
-and without its two speed-ups (arm B: no turn chained right after another, ``MAX_CHAIN_S = 0``; no niced worker
-told to hurry), alternating, so that a drift of the host falls on both arms alike. A third arm, O, grades with the
-grader of an earlier commit, checked out in the folder ``--before`` names (``git worktree add DIR COMMIT``).
+"""Rows of docs/data/gpu-sharing-ab.csv: batches graded on one GPU, alternately by this checkout's grader (arm A)
+and by the grader of an earlier commit checked out in the folder ``--before`` names (arm O; ``git worktree add DIR
+COMMIT``), so that a drift of the host falls on both arms alike.
 
-    python scripts/gpu_sharing_ab.py --order ABABABABAB --copies 3 >> docs/data/gpu-sharing-ab.csv
-    python scripts/gpu_sharing_ab.py --order ABOABOABOABOABO --before ../before --args=--no-yardstick --warm-up
+    python scripts/gpu_sharing_ab.py --order AOAOAOAOAO --before ../before --warm-up >> docs/data/gpu-sharing-ab.csv
 
 Each batch grades ``--copies`` copies of ``solutions/`` with ``grader grade --profile`` in a fresh grader process
 (the arm's patch applied in it before the grader starts), into a folder of its own. A row: the batch's wall time,
-the scores, and the arbiter's own counts from the profile (GPU held alone, turns, chained turns, the wait for the
-others' GPU work before the turns, the wait for a turn). ``--warm-up`` grades one batch of the first arm before the
-others, as batch 0: a GPU's first batch records the references' speed, which later batches find recorded.
+the scores, and the arbiter's own counts from the profile (GPU held alone, turns, turns chained right after another
+where the grader still chained them, the wait for the others' GPU work before the turns, the wait for a turn).
+``--warm-up`` grades one batch of the first arm before the others, as batch 0: a GPU's first batch records the
+references' speed and fills Triton's cache, which later batches find ready. Rows of arm B (commit a45534f) graded
+with that grader's chained turns and hurried workers turned off (docs/decisions/0012-gpu-sharing-simplified.md).
 """
 
 from __future__ import annotations
@@ -29,28 +29,25 @@ ROOT = Path(__file__).resolve().parents[1]
 FIELDS = ["date", "commit", "gpu", "arm", "grader_commit", "grader_args", "batch", "submissions", "wall_s", "scores",
           "alone_s", "turns", "chained", "drain_s", "queue_s", "exit"]
 
-# Arm B's patch, applied in the grader process (the arbiter runs on the grader's threads) before it starts.
+# An arm's patch, applied in the grader process (the arbiter runs on the grader's threads) before it starts.
 ARMS = {
     "A": "",
-    "B": ("import grader.grading.isolation.gpu_arbiter as a\n"
-          "a.MAX_CHAIN_S = 0.0\n"
-          "a.Client._hurry = lambda self, on: None\n"),
-    "O": "",  # the earlier commit's grader, unpatched; it runs from its own folder, which comes first on sys.path
+    "O": "",  # the earlier commit's grader; it runs from its own folder, which comes first on sys.path
 }
 GRADE = "import sys\n{patch}from grader.cli import main\nsys.exit(main(sys.argv[1:]))\n"
 
-_ALONE = re.compile(r"held alone (?P<alone>[\d.]+) s .*? in (?P<turns>\d+) turn\(s\), (?P<chained>\d+) of them right "
-                    r"after another; waiting for the others' GPU work before them (?P<drain>[\d.]+) s in all, for "
-                    r"their turn \(that wait included\) (?P<queue>[\d.]+) s")
+_ALONE = re.compile(r"held alone (?P<alone>[\d.]+) s .*? in (?P<turns>\d+) turn\(s\)"
+                    r"(?:, (?P<chained>\d+) of them right after another)?; waiting for the others' GPU work before "
+                    r"them (?P<drain>[\d.]+) s in all, for their turn \(that wait included\) (?P<queue>[\d.]+) s")
 
 
 def arbiter_counts(profile: str) -> dict[str, str]:
-    """The first GPU's line of ``--profile``: held alone (s), turns, chained turns, drain wait (s), queue wait (s);
-    empty where the profile has none (no GPU)."""
+    """The first GPU's line of ``--profile``: held alone (s), turns, chained turns (where the grader chained them),
+    drain wait (s), queue wait (s); empty where the profile has none (no GPU)."""
     found = _ALONE.search(profile)
     if found is None:
         return {}
-    return {"alone_s": found["alone"], "turns": found["turns"], "chained": found["chained"],
+    return {"alone_s": found["alone"], "turns": found["turns"], "chained": found["chained"] or "",
             "drain_s": found["drain"], "queue_s": found["queue"]}
 
 
@@ -87,11 +84,11 @@ def scores(out: Path) -> str:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--order", default="ABABABABAB", help="the arms in the order they run (default: 5 each)")
+    parser.add_argument("--order", default="AOAOAOAOAO", help="the arms in the order they run (default: 5 each)")
     parser.add_argument("--copies", type=int, default=3, help="copies of solutions/ in each batch")
     parser.add_argument("--limit-s", type=float, default=600.0, help="a batch's wall-clock limit")
     parser.add_argument("--header", action="store_true", help="print the CSV header first")
-    parser.add_argument("--args", default="", help="more arguments for this checkout's grader grade (arms A and B), "
+    parser.add_argument("--args", default="", help="more arguments for this checkout's grader grade (arm A), "
                         "e.g. --args=--no-yardstick")
     parser.add_argument("--before", type=Path, help="arm O's folder: a checkout of the earlier commit to compare")
     parser.add_argument("--commit", help="the commit of this checkout, where git cannot tell (default: from git)")
@@ -99,7 +96,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--warm-up", action="store_true", help="grade one batch of the first arm first, as batch 0")
     args = parser.parse_args(argv)
     if not args.order or set(args.order) - set(ARMS):
-        parser.error(f"--order takes the arms {', '.join(ARMS)}, e.g. ABABABABAB")
+        parser.error(f"--order takes the arms {', '.join(ARMS)}, e.g. AOAOAOAOAO")
     if "O" in args.order and (args.before is None or not (args.before / "grader" / "cli.py").is_file()):
         parser.error("arm O needs --before DIR, a checkout of an earlier commit (DIR/grader/cli.py)")
     import torch
@@ -107,8 +104,8 @@ def main(argv: list[str]) -> int:
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
     commit = args.commit or commit_of(ROOT)
     before = args.before.resolve() if args.before else None
-    homes = {"A": ROOT, "B": ROOT, "O": before}
-    graders = {"A": commit, "B": commit, "O": args.before_commit or (commit_of(before) if before else "")}
+    homes = {"A": ROOT, "O": before}
+    graders = {"A": commit, "O": args.before_commit or (commit_of(before) if before else "")}
     writer = csv.writer(sys.stdout)
     if args.header:
         writer.writerow(FIELDS)

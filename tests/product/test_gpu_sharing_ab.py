@@ -1,6 +1,7 @@
-"""scripts/gpu_sharing_ab.py reads the arbiter's counts off the profile ``grader grade --profile`` prints, and its
-arm B really turns off what it says (a patch naming an attribute that no longer exists would change nothing)."""
+"""scripts/gpu_sharing_ab.py reads the arbiter's counts off the profile ``grader grade --profile`` prints (and off
+the line of a grader that still chained turns), and its arm O grades with the earlier checkout's grader."""
 
+import csv
 import importlib.util
 import time
 from pathlib import Path
@@ -22,30 +23,21 @@ _spec.loader.exec_module(ab)
 def test_the_arbiters_counts_are_read_off_the_profile(monkeypatch):
     monkeypatch.setattr(profiling, "gpu_references", SimpleNamespace(of=lambda arbiter: None))
     arbiter = gpu_arbiter.GpuArbiter(clock=ManualClock())
-    arbiter.alone_s, arbiter.alone_count, arbiter.chained = 41.7, 90, 12
+    arbiter.alone_s, arbiter.alone_count = 41.7, 90
     arbiter.alone_by_role = {"timer": 25.0, "worker": 16.7}
     arbiter.drain_s, arbiter.queue_s = 8.25, 30.5
     slot = Slot("cuda:0", {"kind": "cuda", "name": "fake GPU", "index": 0}, arbiter=arbiter)
     notes: list[str] = []
     profiling.report(SimpleNamespace(started=time.monotonic() - 200.0, done=3, note=notes.append), [slot],
                      submissions=3)
-    assert ab.arbiter_counts(notes[0]) == {"alone_s": "41.7", "turns": "90", "chained": "12", "drain_s": "8.2",
+    assert ab.arbiter_counts(notes[0]) == {"alone_s": "41.7", "turns": "90", "chained": "", "drain_s": "8.2",
                                            "queue_s": "30.5"}
+    chaining = ("  cuda:0 (NVIDIA H200): 8 run(s) at once; held alone 10.7 s (14% of the wall time: timer 6.1 s) in "
+                "27 turn(s), 10 of them right after another; waiting for the others' GPU work before them 5.2 s in "
+                "all, for their turn (that wait included) 12.6 s")
+    assert ab.arbiter_counts(chaining) == {"alone_s": "10.7", "turns": "27", "chained": "10", "drain_s": "5.2",
+                                           "queue_s": "12.6"}
     assert ab.arbiter_counts("graded 3 submissions on the CPU") == {}
-
-
-def test_arm_b_turns_off_chained_turns_and_hurried_workers(monkeypatch):
-    assert "MAX_CHAIN_S" in vars(gpu_arbiter) and "_hurry" in vars(gpu_arbiter.Client)
-    monkeypatch.setattr(gpu_arbiter, "MAX_CHAIN_S", gpu_arbiter.MAX_CHAIN_S)  # restored after the test
-    monkeypatch.setattr(gpu_arbiter.Client, "_hurry", gpu_arbiter.Client._hurry)
-    exec(ab.ARMS["B"], {})
-    assert gpu_arbiter.MAX_CHAIN_S == 0.0
-    client = gpu_arbiter.GpuArbiter(clock=ManualClock()).connect("worker")
-    told: list[bool] = []
-    client.hurry = told.append
-    client.hurry_up()
-    assert told == []
-    client.close()
 
 
 def test_arm_o_grades_with_the_earlier_checkouts_grader_and_only_this_checkouts_arms_get_args(
@@ -69,3 +61,8 @@ def test_arm_o_without_an_earlier_checkout_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         ab.main(["--order", "AO", "--before", str(tmp_path)])
     assert "arm O needs --before DIR" in capsys.readouterr().err
+
+
+def test_the_scripts_rows_have_the_columns_of_the_data_file():
+    with open(ROOT / "docs" / "data" / "gpu-sharing-ab.csv", newline="", encoding="utf-8") as f:
+        assert next(csv.reader(f)) == ab.FIELDS

@@ -18,6 +18,7 @@ NUMERIC = {
     "replay-vs-call.csv": ["replayed_ms", "in_process_ms", "baseline_ms", "ratio_replayed", "ratio_in_process",
                            "difference_pct"],
     "grading-history.csv": ["order", "wall_s_min", "wall_s_max"],
+    "gpu-sharing-ab.csv": ["wall_s", "alone_s", "drain_s", "queue_s"],
 }
 
 
