@@ -4,8 +4,8 @@ COMMIT``), so that a drift of the host falls on both arms alike.
 
     python scripts/gpu_sharing_ab.py --order AOAOAOAOAO --before ../before --warm-up >> docs/data/gpu-sharing-ab.csv
 
-Each batch grades ``--copies`` copies of ``solutions/`` with ``grader grade --profile`` in a fresh grader process
-(the arm's patch applied in it before the grader starts), into a folder of its own. A row: the batch's wall time,
+Each batch grades ``--copies`` copies of ``solutions/`` with ``grader grade --profile`` in a fresh grader process,
+into a folder of its own. A row: the batch's wall time,
 the scores, and the arbiter's own counts from the profile (GPU held alone, turns, turns chained right after another
 where the grader still chained them, the wait for the others' GPU work before the turns, the wait for a turn).
 ``--warm-up`` grades one batch of the first arm before the others, as batch 0: a GPU's first batch records the
@@ -29,12 +29,11 @@ ROOT = Path(__file__).resolve().parents[1]
 FIELDS = ["date", "commit", "gpu", "arm", "grader_commit", "grader_args", "batch", "submissions", "wall_s", "scores",
           "alone_s", "turns", "chained", "drain_s", "queue_s", "exit"]
 
-# An arm's patch, applied in the grader process (the arbiter runs on the grader's threads) before it starts.
 ARMS = {
-    "A": "",
-    "O": "",  # the earlier commit's grader; it runs from its own folder, which comes first on sys.path
+    "A": "this checkout's grader",
+    "O": "the earlier commit's grader: it runs from its own folder, which comes first on sys.path",
 }
-GRADE = "import sys\n{patch}from grader.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+GRADE = "import sys\nfrom grader.cli import main\nsys.exit(main(sys.argv[1:]))\n"
 
 _ALONE = re.compile(r"held alone (?P<alone>[\d.]+) s .*? in (?P<turns>\d+) turn\(s\)"
                     r"(?:, (?P<chained>\d+) of them right after another)?; waiting for the others' GPU work before "
@@ -51,13 +50,13 @@ def arbiter_counts(profile: str) -> dict[str, str]:
             "drain_s": found["drain"], "queue_s": found["queue"]}
 
 
-def grade(arm: str, submissions: list[Path], out: Path, limit_s: float, *, home: Path = ROOT,
+def grade(submissions: list[Path], out: Path, limit_s: float, *, home: Path = ROOT,
           args: tuple[str, ...] = ()) -> tuple[float, str, int]:
-    """One batch in a fresh grader process with the arm's patch, the grader imported from ``home`` and given
-    ``args`` besides: wall time, the profile's text, exit status."""
+    """One batch in a fresh grader process, the grader imported from ``home`` and given ``args`` besides: wall
+    time, the profile's text, exit status."""
     start = time.monotonic()
     try:
-        done = subprocess.run([sys.executable, "-c", GRADE.format(patch=ARMS[arm]), "grade", *map(str, submissions),
+        done = subprocess.run([sys.executable, "-c", GRADE, "grade", *map(str, submissions),
                                "--profile", "--out", str(out), *args], capture_output=True, text=True,
                               timeout=limit_s, cwd=home)
         text, code = done.stdout + done.stderr, done.returncode
@@ -121,7 +120,7 @@ def main(argv: list[str]) -> int:
         for index, arm in enumerate(args.order[0] * (1 - first) + args.order, start=first):
             out = Path(tmp) / f"out-{index}-{arm}"
             extra = () if arm == "O" else tuple(args.args.split())
-            wall, profile, code = grade(arm, submissions, out, args.limit_s, home=homes[arm], args=extra)
+            wall, profile, code = grade(submissions, out, args.limit_s, home=homes[arm], args=extra)
             counts = arbiter_counts(profile)
             row = {"date": datetime.date.today().isoformat(), "commit": commit, "gpu": gpu, "arm": arm,
                    "grader_commit": graders[arm], "grader_args": " ".join(extra), "batch": index,

@@ -46,12 +46,11 @@ def test_arm_o_grades_with_the_earlier_checkouts_grader_and_only_this_checkouts_
     (before / "grader").mkdir(parents=True)
     (before / "grader" / "cli.py").write_text("")
     calls = []
-    monkeypatch.setattr(ab, "grade", lambda arm, submissions, out, limit_s, *, home, args:
-                        calls.append((arm, home, args, len(submissions))) or (1.0, "", 0))
+    monkeypatch.setattr(ab, "grade", lambda submissions, out, limit_s, *, home, args:
+                        calls.append((home, args, len(submissions))) or (1.0, "", 0))
     ab.main(["--order", "AO", "--copies", "2", "--before", str(before), "--before-commit", "abc1234",
              "--commit", "def5678", "--args=--no-yardstick", "--warm-up", "--header"])
-    assert calls == [("A", ab.ROOT, ("--no-yardstick",), 2), ("A", ab.ROOT, ("--no-yardstick",), 2),
-                     ("O", before.resolve(), (), 2)]
+    assert calls == [(ab.ROOT, ("--no-yardstick",), 2), (ab.ROOT, ("--no-yardstick",), 2), (before.resolve(), (), 2)]
     rows = [dict(zip(ab.FIELDS, line.split(","))) for line in capsys.readouterr().out.splitlines()[1:]]
     assert [(r["batch"], r["arm"], r["grader_commit"], r["grader_args"]) for r in rows] == [
         ("0", "A", "def5678", "--no-yardstick"), ("1", "A", "def5678", "--no-yardstick"), ("2", "O", "abc1234", "")]
