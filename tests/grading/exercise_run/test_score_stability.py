@@ -18,7 +18,7 @@ from grader.grading.exercise_run import item_plan
 from ... import known_wrong
 from ...sandboxing import sandbox_options
 
-SECRETS = ("alpha", "bravo", "charlie")
+SECRETS = ("alpha", "bravo")  # two batches that draw every value differently
 GRADED = ("gelu", "softmax")  # every known-wrong fixture of these, graded under each secret (CPU-cheap exercises)
 
 
