@@ -82,8 +82,9 @@ def scores(out: Path) -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--order", default="AOAOAOAOAO", help="the arms in the order they run (default: 5 each)")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--order", default="AOAOAOAOAO", help="the arms in the order they run, 5 each by default ("
+                        + "; ".join(f"{arm}: {what}" for arm, what in ARMS.items()) + ")")
     parser.add_argument("--copies", type=int, default=3, help="copies of solutions/ in each batch")
     parser.add_argument("--limit-s", type=float, default=600.0, help="a batch's wall-clock limit")
     parser.add_argument("--header", action="store_true", help="print the CSV header first")
