@@ -5,9 +5,11 @@ COMMIT``), so that a drift of the host falls on both arms alike.
     python scripts/gpu_sharing_ab.py --order AOAOAOAOAO --before ../before --warm-up >> docs/data/gpu-sharing-ab.csv
 
 Each batch grades ``--copies`` copies of ``solutions/`` with ``grader grade --profile`` in a fresh grader process,
-into a folder of its own. A row: the batch's wall time,
-the scores, and the arbiter's own counts from the profile (GPU held alone, turns, turns chained right after another
-where the grader still chained them, the wait for the others' GPU work before the turns, the wait for a turn).
+into a folder of its own. A row: the batch's wall time, the scores, the arbiter's own counts from the profile (GPU
+held alone, turns, turns chained right after another where the grader still chained them, the wait for the others'
+GPU work before the turns, the wait for a turn), the cores the graders could use (``taskset`` narrows them) and
+``--note`` (what else the host ran meanwhile). To run both arms at once on a host of two GPUs, start two of these,
+each with ``CUDA_VISIBLE_DEVICES`` and ``taskset`` giving it one GPU and half the cores, and the orders mirrored.
 ``--warm-up`` grades one batch of the first arm before the others, as batch 0: a GPU's first batch records the
 references' speed and fills Triton's cache, which later batches find ready. Rows of arm B (commit a45534f) graded
 with that grader's chained turns and hurried workers turned off (docs/decisions/0012-gpu-sharing-simplified.md).
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime
+import os
 import re
 import subprocess
 import sys
@@ -27,7 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FIELDS = ["date", "commit", "gpu", "arm", "grader_commit", "grader_args", "batch", "submissions", "wall_s", "scores",
-          "alone_s", "turns", "chained", "drain_s", "queue_s", "exit"]
+          "alone_s", "turns", "chained", "drain_s", "queue_s", "exit", "cores", "note"]
 
 ARMS = {
     "A": "this checkout's grader",
@@ -94,6 +97,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--commit", help="the commit of this checkout, where git cannot tell (default: from git)")
     parser.add_argument("--before-commit", help="the commit checked out in --before (default: from git)")
     parser.add_argument("--warm-up", action="store_true", help="grade one batch of the first arm first, as batch 0")
+    parser.add_argument("--note", default="", help="what else the host ran meanwhile, for the rows' note column "
+                        "(e.g. the other arm's batches on the host's other GPU)")
     args = parser.parse_args(argv)
     if not args.order or set(args.order) - set(ARMS):
         parser.error(f"--order takes the arms {', '.join(ARMS)}, e.g. AOAOAOAOAO")
@@ -102,6 +107,7 @@ def main(argv: list[str]) -> int:
     import torch
 
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
+    cores = len(os.sched_getaffinity(0))  # the graders size their runs to the cores they may use
     commit = args.commit or commit_of(ROOT)
     before = args.before.resolve() if args.before else None
     homes = {"A": ROOT, "O": before}
@@ -125,7 +131,8 @@ def main(argv: list[str]) -> int:
             counts = arbiter_counts(profile)
             row = {"date": datetime.date.today().isoformat(), "commit": commit, "gpu": gpu, "arm": arm,
                    "grader_commit": graders[arm], "grader_args": " ".join(extra), "batch": index,
-                   "submissions": args.copies, "wall_s": f"{wall:.1f}", "scores": scores(out), "exit": code, **counts}
+                   "submissions": args.copies, "wall_s": f"{wall:.1f}", "scores": scores(out), "exit": code,
+                   "cores": cores, "note": args.note, **counts}
             writer.writerow([row.get(field, "") for field in FIELDS])
             sys.stdout.flush()
             if code != 0:

@@ -46,7 +46,8 @@ COLUMNS: dict[str, list[str]] = {
     "yardstick-runs.csv": ["date", "gpu", "torch", "triton", "machine", "submission", "part", "benchmark",
                            "x_reference", "x_reference_low", "x_reference_high", "x_baseline", "credit", "rounds"],
     "gpu-sharing-ab.csv": ["date", "commit", "gpu", "arm", "grader_commit", "grader_args", "batch", "submissions",
-                           "wall_s", "scores", "alone_s", "turns", "chained", "drain_s", "queue_s", "exit"],
+                           "wall_s", "scores", "alone_s", "turns", "chained", "drain_s", "queue_s", "exit", "cores",
+                           "note"],
 }
 
 SHORT_GPU = {"NVIDIA H100 80GB HBM3": "H100", "NVIDIA H200": "H200"}

@@ -3,6 +3,7 @@ the line of a grader that still chained turns), and its arm O grades with the ea
 
 import csv
 import importlib.util
+import os
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -49,11 +50,13 @@ def test_arm_o_grades_with_the_earlier_checkouts_grader_and_only_this_checkouts_
     monkeypatch.setattr(ab, "grade", lambda submissions, out, limit_s, *, home, args:
                         calls.append((home, args, len(submissions))) or (1.0, "", 0))
     ab.main(["--order", "AO", "--copies", "2", "--before", str(before), "--before-commit", "abc1234",
-             "--commit", "def5678", "--args=--no-yardstick", "--warm-up", "--header"])
+             "--commit", "def5678", "--args=--no-yardstick", "--warm-up", "--header", "--note", "alone on the host"])
     assert calls == [(ab.ROOT, ("--no-yardstick",), 2), (ab.ROOT, ("--no-yardstick",), 2), (before.resolve(), (), 2)]
     rows = [dict(zip(ab.FIELDS, line.split(","))) for line in capsys.readouterr().out.splitlines()[1:]]
     assert [(r["batch"], r["arm"], r["grader_commit"], r["grader_args"]) for r in rows] == [
         ("0", "A", "def5678", "--no-yardstick"), ("1", "A", "def5678", "--no-yardstick"), ("2", "O", "abc1234", "")]
+    cores = str(len(os.sched_getaffinity(0)))
+    assert {(r["cores"], r["note"]) for r in rows} == {(cores, "alone on the host")}
 
 
 def test_arm_o_without_an_earlier_checkout_is_refused(tmp_path, capsys):
