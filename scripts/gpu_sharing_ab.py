@@ -12,7 +12,8 @@ GPU work before the turns, the wait for a turn), the cores the graders could use
 each with ``CUDA_VISIBLE_DEVICES`` and ``taskset`` giving it one GPU and half the cores, and the orders mirrored.
 ``--warm-up`` grades one batch of the first arm before the others, as batch 0: a GPU's first batch records the
 references' speed and fills Triton's cache, which later batches find ready. Rows of arm B (commit a45534f) graded
-with that grader's chained turns and hurried workers turned off (docs/decisions/0012-gpu-sharing-simplified.md).
+with that grader's chained turns and hurried workers turned off (docs/decisions/0012-gpu-sharing-simplified.md);
+the rows of 10 submissions compare the tree without them (arm A) with the grader before (0013).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from grader.checks.gpu_gate import Gate
-from grader.grading.isolation.gpu_arbiter import Client, GpuArbiter
+from grader.grading.isolation.gpu_arbiter import HURRY_AFTER_S, Client, GpuArbiter
 from tests.manual_clock import ManualClock
 
 HANG_S = 30.0  # a wait this long means a hang: no test's outcome depends on how fast the machine runs
@@ -73,9 +73,13 @@ def asked_turns(arbiter: GpuArbiter) -> int:
 
 
 def drain_waits_for(clock: ManualClock, process: ThreadProcess) -> None:
-    """See the arbiter wait for ``process`` to pause before a turn: the process's stretch holds the turn up."""
+    """See the arbiter wait for ``process`` to pause before a turn, and wait on once ``clock`` is past the moment
+    it hurries those with GPU work in flight: the process's stretch holds the turn up. The clock moves on by
+    ``2 * HURRY_AFTER_S``."""
     drained, name = process.client.drained, process.client.name
     until(lambda: clock.deadline_of(drained) is not None, f"a turn waits for {name} to pause")
+    clock.advance(2 * HURRY_AFTER_S)
+    until(lambda: (clock.deadline_of(drained) or 0.0) > clock.now(), f"a turn still waits for {name} once hurried")
 
 
 @contextlib.contextmanager

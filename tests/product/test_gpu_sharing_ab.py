@@ -1,5 +1,5 @@
 """scripts/gpu_sharing_ab.py reads the arbiter's counts off the profile ``grader grade --profile`` prints (and off
-the line of a grader that still chained turns), and its arm O grades with the earlier checkout's grader."""
+the line of a grader that does not chain turns), and its arm O grades with the earlier checkout's grader."""
 
 import csv
 import importlib.util
@@ -24,20 +24,20 @@ _spec.loader.exec_module(ab)
 def test_the_arbiters_counts_are_read_off_the_profile(monkeypatch):
     monkeypatch.setattr(profiling, "gpu_references", SimpleNamespace(of=lambda arbiter: None))
     arbiter = gpu_arbiter.GpuArbiter(clock=ManualClock())
-    arbiter.alone_s, arbiter.alone_count = 41.7, 90
+    arbiter.alone_s, arbiter.alone_count, arbiter.chained = 41.7, 90, 38
     arbiter.alone_by_role = {"timer": 25.0, "worker": 16.7}
     arbiter.drain_s, arbiter.queue_s = 8.25, 30.5
     slot = Slot("cuda:0", {"kind": "cuda", "name": "fake GPU", "index": 0}, arbiter=arbiter)
     notes: list[str] = []
     profiling.report(SimpleNamespace(started=time.monotonic() - 200.0, done=3, note=notes.append), [slot],
                      submissions=3)
-    assert ab.arbiter_counts(notes[0]) == {"alone_s": "41.7", "turns": "90", "chained": "", "drain_s": "8.2",
+    assert ab.arbiter_counts(notes[0]) == {"alone_s": "41.7", "turns": "90", "chained": "38", "drain_s": "8.2",
                                            "queue_s": "30.5"}
-    chaining = ("  cuda:0 (NVIDIA H200): 8 run(s) at once; held alone 10.7 s (14% of the wall time: timer 6.1 s) in "
-                "27 turn(s), 10 of them right after another; waiting for the others' GPU work before them 5.2 s in "
-                "all, for their turn (that wait included) 12.6 s")
-    assert ab.arbiter_counts(chaining) == {"alone_s": "10.7", "turns": "27", "chained": "10", "drain_s": "5.2",
-                                           "queue_s": "12.6"}
+    unchained = ("  cuda:0 (NVIDIA H200): 8 run(s) at once; held alone 10.7 s (14% of the wall time: timer 6.1 s) "
+                 "in 27 turn(s); waiting for the others' GPU work before them 5.2 s in all, for their turn (that wait "
+                 "included) 12.6 s")  # a grader that does not chain turns
+    assert ab.arbiter_counts(unchained) == {"alone_s": "10.7", "turns": "27", "chained": "", "drain_s": "5.2",
+                                            "queue_s": "12.6"}
     assert ab.arbiter_counts("graded 3 submissions on the CPU") == {}
 
 

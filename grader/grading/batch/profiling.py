@@ -57,7 +57,7 @@ def report(progress: Progress, slots: list[Slot], *, submissions: int,
             lines.append(f"  {slot.describe()}: {slot.capacity} run(s) at once; held alone {arbiter.alone_s:.1f} s "
                          f"({100 * arbiter.alone_s / wall if wall > 0 else 0:.0f}% of the wall time"
                          f"{alone_text(dict(arbiter.alone_by_role))}) in "
-                         f"{arbiter.alone_count} turn(s); "
+                         f"{arbiter.alone_count} turn(s), {arbiter.chained} of them right after another; "
                          f"waiting for the others' GPU work before them "
                          f"{arbiter.drain_s:.1f} s in all, for their turn (that wait included) {arbiter.queue_s:.1f} s")
             if arbiter.held_up_by:

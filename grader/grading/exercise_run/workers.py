@@ -93,6 +93,8 @@ class Worker:
             raise
         if self.gate is not None:
             self.gate.name += f" (pid {self.process.pid})"
+            if settings.nice > 0:  # a turn alone may wait for its GPU work: see GpuArbiter
+                self.gate.hurry = lambda on: self.process.set_niceness(0 if on else settings.nice)
             self.gate.started()
 
     def _spawn(self, settings: RunSettings, root: Path, scratch: Path, cache_dir: Path | None) -> None:

@@ -5,9 +5,9 @@ Every process that runs on a GPU slot (a worker, a trusted timer) is connected t
 :class:`GpuArbiter` by two pipes. The processes share the GPU freely; a request for the GPU alone (a timer's timed
 rounds, a worker's autotuning) waits its turn (first come, first served), then every other process is paused: each
 says when nothing of its own runs on the GPU any more, which takes as long as the GPU work it has in flight, never
-as long as a compilation. The requester is granted the GPU, and when it is done the others continue, until the next turn
-pauses them again (docs/decisions/0012-gpu-sharing-simplified.md: turns chained without the others continuing in
-between, and niced workers hurried while a turn waited for them, did not shorten a batch).
+as long as a compilation. The requester is granted the GPU, and when it is done the others continue; unless
+another turn was asked for meanwhile: that one follows at once, the others still paused (for at most
+:data:`MAX_CHAIN_S`), so that the wait for their GPU work in flight is paid once for turns that come together.
 
 A process that dies counts as paused and done: an arbiter never waits for a process that is gone, and one that
 never answers is bounded by the limits the grader enforces on it (a worker's call limit, a timer's own limit).
@@ -26,7 +26,12 @@ from grader.checks.gpu_gate import Gate
 from grader.checks.host_clock import MONOTONIC, HostClock
 
 SLOW_DRAIN_S = 10.0  # a pause that takes longer is said on stderr (diagnostics)
+# Turns asked for while one runs follow it without the others continuing in between, for at most this long: a
+# turn's pause waits for every other process's GPU work in flight (a correctness case, a validation), which is
+# paid once for the whole chain; past this the others get the GPU before the next turn (decisions 0003, 0013).
+MAX_CHAIN_S = 10.0
 TURNS_KEPT = 100_000  # for --profile's window-by-window view: about 11,000 submissions' turns (9 each)
+HURRY_AFTER_S = 0.05  # a process that has not paused by then has GPU work in flight: it is told to hurry (0013)
 
 
 class Client:
@@ -45,6 +50,10 @@ class Client:
         self._pauses_sent = self._pauses_answered = 0
         self.done = threading.Event()  # its time alone is over
         self.gone = False
+        # Called with True when the process is asked to pause with GPU work in flight, with False once it has paused:
+        # a worker that runs at a CPU niceness finishes the work a turn waits for at the niceness of the waiting.
+        self.hurry: Callable[[bool], None] | None = None
+        self._hurried = False
         self.waited_s = 0.0  # paused by others, or waiting for the GPU alone: not the process's own time
         self.blocked_s = 0.0  # of that, with a thread waiting to use the GPU (said "W"): held up, not compiling
         self._wants_since: float | None = None
@@ -121,6 +130,7 @@ class Client:
                     self.drained_at, self.drained_doing = clock.now(), self.doing
                     if self._pauses_answered >= self._pauses_sent:  # the answer to the latest pause
                         self.drained.set()
+                        self._hurry(False)
             elif byte == b"W":
                 with self._send_lock:  # a "W" read after the "C" that answered it is stale
                     if self._pausing and self._wants_since is None:
@@ -135,6 +145,21 @@ class Client:
                 with contextlib.suppress(OSError):
                     os.close(self._from_process)
                 return
+
+    def hurry_up(self) -> None:
+        """A turn waits for this process's GPU work in flight (see :attr:`hurry`)."""
+        with self._send_lock:
+            if not (self.drained.is_set() or self.gone):
+                self._hurry(True)
+
+    def _hurry(self, on: bool) -> None:
+        if self.hurry is None or self._hurried == on:
+            return
+        self._hurried = on
+        try:
+            self.hurry(on)
+        except Exception as exc:  # never the arbiter's undoing: the turn only waits longer
+            print(f"gpu arbiter: could not change the CPU niceness of {self.name}: {exc}", file=sys.stderr)
 
     def _gone(self) -> None:
         with self._send_lock:
@@ -180,6 +205,7 @@ class GpuArbiter:
         self.turns: deque[tuple[float, float]] = deque(maxlen=TURNS_KEPT)
         self.drain_s = 0.0  # waiting for the others' GPU work to finish, before each turn
         self.queue_s = 0.0  # requests waiting for their turn (the drain included), in all
+        self.chained = 0  # turns that followed another without the others continuing in between
         # role -> seconds its processes waited to use the GPU while paused (held up by the turns, not compiling)
         self.blocked_by_role: dict[str, float] = {}
         # (role, what it was doing) -> [turns, seconds]: the last to pause before a turn
@@ -241,17 +267,34 @@ class GpuArbiter:
                 others = [c for c in self._clients if c is not turn.client and not c.gone]
                 self._paused = list(others)
             self._drain(turn, others)
-            granted = self.clock.now()
-            turn.grant()
-            turn.done.wait()
-            with self._cond:
-                held = self.clock.now() - granted
-                self.alone_s += held
-                self.turns.append((granted, granted + held))
-                self._count(self.alone_by_role, turn.client.role if turn.client is not None else "grader", held)
-                self.alone_count += 1
-                self._turn = False
-                paused, self._paused = self._paused, []
+            chain_started = self.clock.now()
+            while True:
+                granted = self.clock.now()
+                turn.grant()
+                turn.done.wait()
+                with self._cond:
+                    held = self.clock.now() - granted
+                    self.alone_s += held
+                    self.turns.append((granted, granted + held))
+                    self._count(self.alone_by_role, turn.client.role if turn.client is not None else "grader", held)
+                    self.alone_count += 1
+                    ended, turn = turn.client, self._next_in_chain(chain_started)
+                    if turn is None:
+                        self._turn = False
+                        paused, self._paused = self._paused, []
+                        break
+                    # The next turn was asked for already: the others stay paused (they would only be paused
+                    # again at once, after one more stretch each), and only the process whose turn ended, which
+                    # went on without a pause, has to finish its GPU work first.
+                    pause = [ended] if ended is not None and ended is not turn.client and not ended.gone else []
+                    self._paused += pause
+                    waiting = turn.client is not None and turn.client in self._paused
+                    if waiting:
+                        self._paused.remove(turn.client)
+                    self.chained += 1
+                self._drain(turn, pause)
+                if waiting:
+                    turn.client.send(b"C")  # before its G: it holds the GPU, it is not paused
             for other in paused:
                 if not other.gone:
                     other.send(b"C")
@@ -259,6 +302,11 @@ class GpuArbiter:
     def _count(self, figures: dict[str, float], role: str, seconds: float) -> None:
         with self._counting:
             figures[role] = figures.get(role, 0.0) + seconds
+
+    def _next_in_chain(self, chain_started: float) -> _Turn | None:
+        """The turn that follows the one just over without the others continuing in between, if one was asked
+        for and the chain has not lasted :data:`MAX_CHAIN_S` (called holding the lock)."""
+        return self._pop_live() if self.clock.now() - chain_started < MAX_CHAIN_S else None
 
     def _pop_live(self) -> _Turn | None:
         """The first queued turn whose process is still there, if any (called holding the lock)."""
@@ -273,6 +321,11 @@ class GpuArbiter:
         started = self.clock.now()
         for other in others:
             other.send(b"P")
+        hurry_at = started + HURRY_AFTER_S  # those with nothing in flight have answered by then
+        for other in others:
+            self.clock.wait_until(other.drained, hurry_at)
+        for other in others:
+            other.hurry_up()
         for other in others:
             if not self.clock.wait_until(other.drained, self.clock.now() + SLOW_DRAIN_S):
                 print(f"gpu arbiter: waiting for {other.name} to pause before a turn of "

@@ -182,6 +182,12 @@ class Process:
                 return
             wait = memory_poll_s(limit, used)
 
+    def set_niceness(self, nice: int) -> None:
+        """The CPU niceness of every thread of the process and of everything under it (see
+        :func:`.proctree.set_niceness`)."""
+        if not self._exited():
+            proctree.set_niceness(proctree.descendants(self.proc.pid), nice)
+
     def namespace(self) -> str | None:
         """The sandbox's PID namespace (``pid:[inode]``), once bwrap has made it. It is held open until
         stop() returns: a namespace's number is reused once it is freed, and must never name another run's (nor

@@ -51,6 +51,21 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def set_niceness(pids: list[int], nice: int) -> None:
+    """Set the CPU niceness of every thread of ``pids`` (Linux keeps it per thread). Lowering it needs root (or
+    CAP_SYS_NICE): where that is refused, nothing changes."""
+    for pid in pids:
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                os.setpriority(os.PRIO_PROCESS, int(task), nice)
+            except (OSError, ValueError):
+                continue
+
+
 def pid_namespace(pid: int) -> str | None:
     """The PID namespace ``pid`` lives in (None where it is gone)."""
     try:

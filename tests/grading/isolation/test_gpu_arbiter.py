@@ -1,7 +1,7 @@
 """Sharing a GPU (grader.checks.gpu_gate, grader.grading.isolation.gpu_arbiter), on the CPU, with threads standing
 in for the processes: they use the GPU side by side; a turn alone pauses the others once their GPU work is done, never
-waits for a compilation, and never for a process that is gone; a paused process says once per pause that it waits.
-The arbiter runs on a clock that moves only when a test says
+waits for a compilation, and never for a process that is gone; a paused process says once per pause that it waits;
+a process a turn waits for is hurried. The arbiter runs on a clock that moves only when a test says
 (tests/manual_clock.py): each test checks the order of what happened, never how long the machine took. The order
 of turns: test_gpu_turns.py beside this file; what the waits count: test_gpu_wait_counts.py."""
 
@@ -303,6 +303,72 @@ def test_a_paused_process_says_once_per_pause_that_it_waits_to_use_the_gpu():
         gate.listener.join(5)
         for fd in (to_gate_r, from_gate_r, from_gate_w):
             os.close(fd)
+
+
+def test_a_turn_hurries_the_process_whose_gpu_work_it_waits_for_and_only_until_it_has_paused():
+    """A worker running at a CPU niceness is told to hurry (the grader renices it to 0) while a turn waits for its
+    stretch of GPU work, and to slow down again once it has paused; one with nothing in flight is not told."""
+    clock = ManualClock()
+    arbiter = GpuArbiter(clock=clock)
+    busy, idle = ThreadProcess(arbiter, "busy"), ThreadProcess(arbiter, "idle")
+    told: list[tuple[str, bool, bool]] = []  # (who, on, was the stretch still running)
+    inside, running, finish = threading.Event(), threading.Event(), threading.Event()
+    busy.client.hurry = lambda on: told.append(("busy", on, running.is_set()))
+    idle.client.hurry = lambda on: told.append(("idle", on, False))
+
+    def stretch() -> None:
+        with busy.gate.use():
+            running.set()
+            inside.set()
+            finish.wait(HANG_S)
+            running.clear()
+
+    def turn() -> None:
+        with ThreadProcess(arbiter, "timer").gate.alone():
+            pass
+
+    t = threading.Thread(target=stretch)
+    t.start()
+    assert inside.wait(HANG_S)
+    asker = threading.Thread(target=turn)
+    asker.start()
+    until(idle.client.drained.is_set, "the idle process pauses at once")
+    drain_waits_for(clock, busy)  # past the moment to hurry: the busy one is told
+    assert told == [("busy", True, True)]
+    finish.set()
+    t.join(HANG_S)
+    asker.join(HANG_S)
+    assert told == [("busy", True, True), ("busy", False, False)]
+
+
+def test_a_worker_at_a_niceness_is_reniced_while_a_turn_waits_for_it(tmp_path):
+    """The grader's side of hurrying: every thread of the process and of its children gets the niceness."""
+    import sys
+
+    from grader.grading.isolation import processes, proctree
+
+    if os.geteuid() != 0:
+        pytest.skip("lowering a niceness needs root (the grader then leaves it as it is)")
+    script = ("import os, subprocess, sys, threading, time; os.nice(7); "
+              "threading.Thread(target=time.sleep, args=(30,), daemon=True).start(); "
+              "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); "
+              "print('ready', flush=True); time.sleep(30)")
+    process = processes.Process([sys.executable, "-c", script], cwd=str(tmp_path), env=dict(os.environ),
+                                rss_limit_bytes=None, output_cap=1 << 16)
+    try:
+        until(lambda: b"ready" in b"".join(process.readers[0].chunks), "the process and its children have started")
+
+        def niceness() -> set[int]:
+            return {os.getpriority(os.PRIO_PROCESS, int(task)) for pid in proctree.descendants(process.pid)
+                    for task in os.listdir(f"/proc/{pid}/task")}
+
+        assert niceness() == {7}
+        process.set_niceness(0)
+        assert niceness() == {0}
+        process.set_niceness(7)
+        assert niceness() == {7}
+    finally:
+        process.stop()
 
 
 def test_a_worker_that_fails_to_start_leaves_no_connection_a_turn_would_wait_for(tmp_path):

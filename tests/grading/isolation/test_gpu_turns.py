@@ -1,14 +1,16 @@
 """Turns alone on a shared GPU (grader.grading.isolation.gpu_arbiter), with threads standing in for the processes,
 on a clock that moves only when a test says (tests/manual_clock.py): turns come first come, first served; a process
-started during a turn starts paused; the others continue between two turns, also when the second was asked for
-during the first; the next turn waits for the GPU work of the process whose turn ended; a process may take two
-turns in a row. Each test checks the order of what happened (and the bytes the arbiter sent), never how long it took."""
+started during a turn starts paused; a turn asked for during another follows it with the others still paused, for
+at most ``MAX_CHAIN_S``, once the process whose turn ended has finished its GPU work; a process may take two turns
+in a row. Each test checks the order of what happened (and the bytes the arbiter sent), never how long it took."""
 
 from __future__ import annotations
 
 import threading
 
-from grader.grading.isolation.gpu_arbiter import GpuArbiter
+import pytest
+
+from grader.grading.isolation.gpu_arbiter import MAX_CHAIN_S, GpuArbiter
 from tests.gates import HANG_S, ThreadProcess, asked_turns, drain_waits_for, until
 from tests.manual_clock import ManualClock
 
@@ -51,10 +53,9 @@ def test_turns_come_in_order_and_a_process_started_during_a_turn_starts_paused()
     end_first.set()
     for t in (a, b, c):
         t.join(HANG_S)
-    # the turns in the order asked for; the late process continues after the first, before or after the second
-    assert [event for event in order if event != "late uses the GPU"] == ["first", "first end", "second", "second end"]
-    assert order.index("late uses the GPU") > order.index("first end")
-    assert late.client.waited_s >= 0.5  # paused for the first turn at least
+    # the second turn follows the first at once; the late process continues once both are over
+    assert order == ["first", "first end", "second", "second end", "late uses the GPU"]
+    assert late.client.waited_s == pytest.approx(0.6)
 
 
 def _bytes_sent(monkeypatch) -> list[tuple[str, bytes]]:
@@ -98,24 +99,38 @@ def _two_turns(clock: ManualClock, arbiter: GpuArbiter, first: ThreadProcess, se
     return order
 
 
-def test_the_others_continue_between_two_turns_that_come_together(monkeypatch):
-    """The second turn was asked for during the first: the others are let go when the first ends and paused again
-    for the second (turns are never chained with the others kept paused: docs/decisions/0012)."""
+def test_a_turn_asked_for_during_another_follows_it_with_the_others_still_paused(monkeypatch):
+    """The others are paused once for two turns that come together, not paused, let go and paused again: each pause
+    waits for their GPU work in flight."""
     sent = _bytes_sent(monkeypatch)
     clock = ManualClock()
     arbiter = GpuArbiter(clock=clock)
     worker = ThreadProcess(arbiter, "worker")
     order = _two_turns(clock, arbiter, ThreadProcess(arbiter, "first"), ThreadProcess(arbiter, "second"),
-                       hold_s=0.5)
-    with worker.gate.use():  # once both turns are over
+                       hold_s=MAX_CHAIN_S - 0.5)
+    with worker.gate.use():  # the worker continues after both turns
         order.append("worker")
     assert order == ["first", "first end", "second", "second end", "worker"]
+    assert [b for name, b in sent if name == "worker"] == [b"C", b"P", b"C"]
+    assert [b for name, b in sent if name == "second"] == [b"C", b"P", b"C", b"G"]  # let go just before its turn
+    assert arbiter.chained == 1 and arbiter.alone_count == 2
+
+
+def test_a_chain_of_turns_lasts_at_most_max_chain_s_then_the_others_continue(monkeypatch):
+    sent = _bytes_sent(monkeypatch)
+    clock = ManualClock()
+    arbiter = GpuArbiter(clock=clock)
+    worker = ThreadProcess(arbiter, "worker")
+    order = _two_turns(clock, arbiter, ThreadProcess(arbiter, "first"), ThreadProcess(arbiter, "second"),
+                       hold_s=MAX_CHAIN_S + 0.5)
+    with worker.gate.use():  # once both turns are over
+        pass
+    assert order == ["first", "first end", "second", "second end"]
     assert [b for name, b in sent if name == "worker"] == [b"C", b"P", b"C", b"P", b"C"]
-    assert [b for name, b in sent if name == "second"] == [b"C", b"P", b"C", b"G"]  # let go, then granted its turn
-    assert arbiter.alone_count == 2
+    assert arbiter.chained == 0 and arbiter.alone_count == 2
 
 
-def test_the_process_whose_turn_ended_finishes_its_gpu_work_before_the_next_turn():
+def test_the_process_whose_turn_ended_finishes_its_gpu_work_before_the_next_turn_of_a_chain():
     """After its turn a process goes on sharing the GPU in the same stretch (a worker's speed request records after
     its autotuning): the next turn waits for that work, and the process's next stretch waits for the turn."""
     clock = ManualClock()
@@ -133,6 +148,7 @@ def test_the_process_whose_turn_ended_finishes_its_gpu_work_before_the_next_turn
 
     order = _two_turns(clock, arbiter, first, ThreadProcess(arbiter, "second"), hold_s=0.2, request=request)
     assert order == ["first", "first end", "first shares", "first shares end", "second", "second end", "first again"]
+    assert arbiter.chained == 1
 
 
 def test_a_process_may_take_two_turns_in_a_row():
@@ -142,4 +158,4 @@ def test_a_process_may_take_two_turns_in_a_row():
     ThreadProcess(arbiter, "worker")
     order = _two_turns(clock, arbiter, process, process, hold_s=0.2)
     assert order == ["first", "first end", "second", "second end"]
-    until(lambda: arbiter.alone_count == 2, "the arbiter counts two turns")  # counted once the second is over
+    assert arbiter.chained == 1
