@@ -12,6 +12,7 @@ end of the table (the lines that start with `|`) is this script's. A new measure
 
 from __future__ import annotations
 
+import argparse
 import csv
 import re
 import sys
@@ -272,19 +273,31 @@ def render(doc: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-    if argv[:1] in (["--write"], ["--check"]):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("tables", nargs="*", metavar="NAME", help="tables to print (default: all): "
+                        + ", ".join(TABLES))
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--write", action="store_true", help="put the tables into the pages that mark them")
+    mode.add_argument("--check", action="store_true", help="exit 1 if a page differs from the data")
+    args = parser.parse_args(argv)
+    unknown = [name for name in args.tables if name not in TABLES]
+    if unknown:
+        parser.error(f"no table named {', '.join(unknown)}; the tables: {', '.join(TABLES)}")
+    if args.write or args.check:
+        if args.tables:
+            parser.error("--write and --check take every table; name none")
         stale = []
         for page in DOCS:
             doc = page.read_text(encoding="utf-8")
             new = render(doc)
-            if argv[0] == "--write":
+            if args.write:
                 page.write_text(new, encoding="utf-8")
             elif new != doc:
                 stale.append(page.relative_to(ROOT))
         for page in stale:
             print(f"{page} differs from the data: run scripts/performance_tables.py --write")
         return 1 if stale else 0
-    for name in argv or TABLES:
+    for name in args.tables or TABLES:
         print(f"<!-- table: {name} -->")
         print("\n".join(TABLES[name]()))
         print()

@@ -72,3 +72,11 @@ def test_cited_decision_records_exist():
     assert cited
     for doc in cited:
         assert (ROOT / doc).is_file(), doc
+
+
+def test_an_unknown_table_is_refused_with_the_names_of_the_tables(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        tables.main(["grading-histroy"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "no table named grading-histroy" in err and "grading-history" in err
