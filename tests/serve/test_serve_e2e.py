@@ -9,7 +9,6 @@ import json
 import re
 import shutil
 import subprocess
-import time
 import urllib.parse
 
 import pytest
@@ -162,7 +161,7 @@ def test_the_web_page_logs_in_uploads_and_shows_the_report_and_leaderboard(serve
         assert "is not yours" in text_of("error")
         browser.get(running.url + "/me")
         el("logout").click()
-        time.sleep(0.2)
+        WebDriverWait(browser, 20).until(lambda b: not b.current_url.endswith("/me"))  # the logout's redirect came
         browser.get(running.url + "/me")
         assert el("token")  # logged out: the login form again
     finally:
