@@ -7,7 +7,6 @@ import datetime as dt
 import hashlib
 import sqlite3
 import sys
-import time
 import zipfile
 from types import SimpleNamespace
 
@@ -23,6 +22,7 @@ from grader.serve import intake, leaderboard, outcome, policy, queue, tokens
 from grader.serve.records import Grade, Principal, SpeedTime
 from grader.speed import credit
 from grader.speed.credit import BenchmarkCredit
+from tests.gates import until
 
 from . import serve_helpers as helpers
 
@@ -346,9 +346,8 @@ def test_a_worker_that_cannot_record_an_outcome_requeues_it_and_goes_on(db, tmp_
     pool = Pool(db, backend, folder=tmp_path / "serve-dir", workers=1)
     pool.start()
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and any(queue.get(db, s).status != "done" for s in (first, second)):
-            time.sleep(0.05)
+        until(lambda: all(queue.get(db, s).status == "done" for s in (first, second)), "both graded", 30,
+              look_s=0.05)
     finally:
         pool.stop()
     assert failures == [first]

@@ -10,7 +10,7 @@ import pytest
 from grader.grading.batch import timeline
 from grader.grading.batch.timeline import Span
 from grader.grading.isolation.gpu_arbiter import GpuArbiter
-from tests.gates import ThreadProcess
+from tests.gates import ThreadProcess, until
 
 
 def test_windows_are_about_fifteen_to_a_batch_in_tens_of_seconds():
@@ -44,9 +44,8 @@ def test_the_arbiter_keeps_every_turn_for_the_profile():
         for _ in range(2):
             with timer.gate.alone():
                 time.sleep(0.1)
-        deadline = time.monotonic() + 5
-        while arbiter.alone_count < 2 and time.monotonic() < deadline:  # the arbiter counts a turn as it ends
-            time.sleep(0.01)
+        until(lambda: arbiter.alone_count == 2, "the arbiter counted both turns (it counts a turn as it ends)", 5,
+              look_s=0.01)
         after = time.monotonic()
         assert len(arbiter.turns) == 2
         assert all(before <= start and start + 0.1 <= end <= after for start, end in arbiter.turns)
@@ -63,9 +62,7 @@ def test_a_timeline_records_the_runs_and_samples_the_host(monkeypatch):
     started = time.monotonic()
     line = timeline.Timeline(started).start()
     line.ran("gelu", started + 1.0, started + 3.0)
-    deadline = time.monotonic() + 5
-    while len(line.cpu) < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    until(lambda: len(line.cpu) >= 2, "two samples of the host's CPU", 5, look_s=0.01)
     line.stop()
     assert [share for _, share in line.cpu[:2]] == [0.5, 1.0]
     [(span, exercise)] = line.runs

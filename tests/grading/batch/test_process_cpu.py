@@ -16,6 +16,7 @@ from grader.grading.batch.result_commits import cpu_text
 from grader.grading.commands import grade as grade_cmd
 from grader.grading.exercise_run import supervise
 from grader.grading.isolation import processes, proctree
+from tests.gates import until
 
 from ...sandboxing import sandbox_options
 
@@ -36,9 +37,7 @@ def test_a_process_trees_cpu_counts_itself_and_the_children_it_waited_for(tmp_pa
     process = processes.Process([sys.executable, "-c", _TREE], cwd=str(tmp_path), env={}, rss_limit_bytes=None,
                                 output_cap=1 << 16)
     try:
-        deadline = time.monotonic() + 30
-        while "burnt" not in process.readers[0].captured().text() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        until(lambda: "burnt" in process.readers[0].captured().text(), "the tree burnt its CPU", 30, look_s=0.05)
     finally:
         process.stop()
     # read as it was stopped (its last figure, not nothing): 0.4 s its own, 0.4 s its child's, Python's start-ups

@@ -23,6 +23,7 @@ from grader.grading.exercise_run import references
 from grader.grading.exercise_run.case_references import COMPUTING, WAITING, CaseReferences
 from grader.grading.exercise_run.references import ReferenceStore
 from grader.grading.results import store
+from tests.gates import until
 
 from ...sandboxing import sandbox_options
 
@@ -324,10 +325,8 @@ def test_processes_that_need_a_case_at_once_compute_it_once(tmp_path):
     (tmp_path / "refs").mkdir()
     children = [subprocess.Popen([sys.executable, str(script), str(tmp_path / "refs"), str(log)], cwd=REPO,
                                  stdout=subprocess.PIPE, text=True) for _ in range(2)]
-    deadline = time.monotonic() + 120
-    while len(list((tmp_path / "refs").glob("ready-*"))) < 2:  # both have imported torch: they start together
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    until(lambda: len(list((tmp_path / "refs").glob("ready-*"))) == 2,  # both have imported torch: they start together
+          "both processes ready", 120, look_s=0.05)
     (tmp_path / "refs" / "go").write_text("")
     said = sorted(child.communicate(timeout=120)[0].strip() for child in children)
     assert said == ["computed", "loaded"]
