@@ -233,6 +233,7 @@ def test_a_share_grades_only_the_runs_it_was_given(tmp_path, monkeypatch):
     assert sorted(p.stem for p in state.glob("*.json")) == ["gelu"]  # softmax was not this share's
 
 
+@pytest.mark.realtime
 def test_stopping_the_children_kills_one_that_ignores_sigterm(monkeypatch):
     """SIGTERM (the parent's own) goes to each child at once; one still running after the wait is killed. After
     Ctrl-C, which reached the children with the process group, they get the wait first."""
