@@ -4,6 +4,7 @@ lost, no student ever has two gradings at once, and the students are served roun
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import sqlite3
 from concurrent.futures import ThreadPoolExecutor
@@ -21,7 +22,7 @@ TIMEOUT_S = 60.0
 
 
 def _finished(folder) -> int:
-    with sqlite3.connect(folder / db_mod.FILE) as conn:
+    with contextlib.closing(sqlite3.connect(folder / db_mod.FILE)) as conn:  # polled: each look closes its own
         return conn.execute("SELECT COUNT(*) FROM submissions WHERE status NOT IN ('queued', 'running')").fetchone()[0]
 
 
