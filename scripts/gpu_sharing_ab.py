@@ -6,9 +6,9 @@ COMMIT``), so that a drift of the host falls on both arms alike.
 
 Each batch grades ``--copies`` copies of ``solutions/`` with ``grader grade --profile`` in a fresh grader process,
 into a folder of its own. A row: the batch's wall time, the scores, the arbiter's own counts from the profile (GPU
-held alone, turns, turns chained right after another (empty from a grader that does not chain), the wait for the others'
-GPU work before the turns, the wait for a turn), the cores the graders could use (``taskset`` narrows them) and
-``--note`` (what else the host ran meanwhile). To run both arms at once on a host of two GPUs, start two of these,
+held alone, turns, turns chained right after another, the wait for the others' GPU work before the turns, the wait
+for a turn; the chained count is empty from a grader that does not chain), the cores the graders could use
+(``taskset`` narrows them) and ``--note`` (what else the host ran meanwhile). To run both arms at once on a host of two GPUs, start two of these,
 each with ``CUDA_VISIBLE_DEVICES`` and ``taskset`` giving it one GPU and half the cores, and the orders mirrored.
 ``--warm-up`` grades one batch of the first arm before the others, as batch 0: a GPU's first batch records the
 references' speed and fills Triton's cache, which later batches find ready. Rows of arm B (commit a45534f) graded

@@ -9,6 +9,7 @@ import os
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -25,6 +26,7 @@ import uvicorn
 
 from grader import exercises
 from grader.grading import config
+from grader.serve import db as db_mod
 from grader.serve import policy as policy_mod
 from grader.serve import tokens
 from grader.serve.app import create_app
@@ -41,6 +43,13 @@ GELU = REPO / "solutions" / "gelu" / "gelu.py"
 GRADING_ARGS = ["--exercises", "gelu", "--random", "0", "--jobs", "1", *sandboxing.sandbox_args()]
 START_TIMEOUT_S = 60.0
 
+
+
+def rows(folder: Path, sql: str) -> list[tuple]:
+    """What ``sql`` reads from the server's database in ``folder``, on a connection of its own, closed after
+    (tests poll with it while the server writes)."""
+    with contextlib.closing(sqlite3.connect(folder / db_mod.FILE, timeout=30)) as conn:
+        return conn.execute(sql).fetchall()
 
 def free_port() -> int:
     with socket.socket() as s:

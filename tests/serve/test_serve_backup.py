@@ -21,14 +21,6 @@ def _serve(capsys, *args: str) -> tuple[int, str, str]:
     return status, out, err
 
 
-def _rows(folder, sql: str) -> list[tuple]:
-    conn = sqlite3.connect(folder / db_mod.FILE)
-    try:
-        return conn.execute(sql).fetchall()
-    finally:
-        conn.close()
-
-
 def test_a_backup_taken_while_the_server_runs_restores_into_a_working_folder(tmp_path, capsys):
     folder, saved, restored = tmp_path / "serve-dir", tmp_path / "backup", tmp_path / "restored"
     found = helpers.add_students(folder, "alice", "bob")
@@ -49,9 +41,9 @@ def test_a_backup_taken_while_the_server_runs_restores_into_a_working_folder(tmp
 
     status, _, err = _serve(capsys, "restore", "--from", str(saved), "--dir", str(restored))
     assert status == 0, err
-    assert _rows(restored, "SELECT id, student, status FROM submissions ORDER BY id") == [
+    assert helpers.rows(restored, "SELECT id, student, status FROM submissions ORDER BY id") == [
         (1, "alice", "done"), (2, "bob", "queued")]  # the third came after the backup
-    assert _rows(restored, "SELECT submission, score FROM gradebook") == [(graded.id, 1.0)]
+    assert helpers.rows(restored, "SELECT submission, score FROM gradebook") == [(graded.id, 1.0)]
     upload = restored / "submissions" / "1" / "upload" / "alice.zip"
     assert upload.read_bytes() == (tmp_path / "alice.zip").read_bytes()
     assert (restored / "submissions" / "1" / "attempt-1.log").read_text() == "the grader's output\n"
@@ -80,7 +72,7 @@ def test_the_backup_is_a_committed_snapshot_and_restore_never_overwrites(tmp_pat
     writer.execute("COMMIT")
     writer.close()
     assert manifest["students"] == 1
-    assert _rows(saved, "SELECT id FROM students") == [("alice",)]
+    assert helpers.rows(saved, "SELECT id FROM students") == [("alice",)]
 
     status, _, err = _serve(capsys, "restore", "--from", str(saved), "--dir", str(folder))
     assert status == 2 and "is not empty: a restore goes into a new or empty folder" in err

@@ -4,7 +4,6 @@ lost, no student ever has two gradings at once, and the students are served roun
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import sqlite3
 from concurrent.futures import ThreadPoolExecutor
@@ -19,11 +18,7 @@ from . import serve_helpers as helpers
 
 STUDENTS, EACH = 20, 3
 TIMEOUT_S = 60.0
-
-
-def _finished(folder) -> int:
-    with contextlib.closing(sqlite3.connect(folder / db_mod.FILE)) as conn:  # polled: each look closes its own
-        return conn.execute("SELECT COUNT(*) FROM submissions WHERE status NOT IN ('queued', 'running')").fetchone()[0]
+FINISHED = "SELECT COUNT(*) FROM submissions WHERE status NOT IN ('queued', 'running')"
 
 
 def test_twenty_students_three_submissions_each_nothing_lost_fair_and_one_at_a_time(tmp_path):
@@ -41,8 +36,8 @@ def test_twenty_students_three_submissions_each_nothing_lost_fair_and_one_at_a_t
                 timeout=TIMEOUT_S) for answer in each]
         assert [status for status, _ in answers] == [201] * STUDENTS * EACH, answers[:3]
         server.service.pool.start()
-        until(lambda: _finished(folder) == STUDENTS * EACH, f"every submission finished within {TIMEOUT_S} s",
-              TIMEOUT_S, look_s=0.05)  # graded and its result recorded
+        until(lambda: helpers.rows(folder, FINISHED) == [(STUDENTS * EACH,)],  # graded and its result recorded
+              f"every submission finished within {TIMEOUT_S} s", TIMEOUT_S, look_s=0.05)
     with sqlite3.connect(folder / db_mod.FILE) as conn:
         statuses = conn.execute("SELECT status, COUNT(*) FROM submissions GROUP BY status").fetchall()
         entries = conn.execute("SELECT COUNT(DISTINCT submission), COUNT(*) FROM gradebook").fetchone()

@@ -6,21 +6,13 @@ from __future__ import annotations
 
 import csv
 import json
-import sqlite3
 import subprocess
 import time
-
-from grader.serve import db as db_mod
 
 from .. import sandboxing
 from . import serve_helpers as helpers
 
 DONE_TIMEOUT_S = 150.0
-
-
-def _rows(folder, sql: str) -> list[tuple]:
-    with sqlite3.connect(folder / db_mod.FILE, timeout=30) as conn:
-        return conn.execute(sql).fetchall()
 
 
 def test_kill_9_mid_grading_then_restart_grades_every_submission_exactly_once(tmp_path):
@@ -34,12 +26,13 @@ def test_kill_9_mid_grading_then_restart_grades_every_submission_exactly_once(tm
             assert status == 201, data
             ids.append(data["id"])
         deadline = time.monotonic() + 60
-        while not _rows(folder, "SELECT id FROM submissions WHERE status = 'running'"):
+        while not helpers.rows(folder, "SELECT id FROM submissions WHERE status = 'running'"):
             assert time.monotonic() < deadline, "nothing started grading"
             time.sleep(0.05)
-        killed = _rows(folder, "SELECT id, attempts FROM submissions WHERE status = 'running'")[0]
+        killed = helpers.rows(folder, "SELECT id, attempts FROM submissions WHERE status = 'running'")[0]
         time.sleep(1.0)  # into the grading: its child is importing, planning or running the worker
-        assert not _rows(folder, f"SELECT 1 FROM gradebook WHERE submission = {killed[0]}"), "graded too fast to kill"
+        graded = helpers.rows(folder, f"SELECT 1 FROM gradebook WHERE submission = {killed[0]}")
+        assert not graded, "graded too fast to kill"
         server.kill()
     finally:
         server.stop()
@@ -48,22 +41,22 @@ def test_kill_9_mid_grading_then_restart_grades_every_submission_exactly_once(tm
     while sandboxing.live_processes_with(str(folder)):
         assert time.monotonic() < deadline, f"left running: {sandboxing.live_processes_with(str(folder))}"
         time.sleep(0.2)
-    assert _rows(folder, f"SELECT status FROM submissions WHERE id = {killed[0]}") == [("running",)]
+    assert helpers.rows(folder, f"SELECT status FROM submissions WHERE id = {killed[0]}") == [("running",)]
 
     server = helpers.start_server(folder, port=server.port)
     try:
         deadline = time.monotonic() + DONE_TIMEOUT_S
-        while _rows(folder, "SELECT COUNT(*) FROM submissions WHERE status IN ('queued', 'running')")[0][0]:
-            assert time.monotonic() < deadline, _rows(folder, "SELECT id, status, message FROM submissions")
+        while helpers.rows(folder, "SELECT COUNT(*) FROM submissions WHERE status IN ('queued', 'running')")[0][0]:
+            assert time.monotonic() < deadline, helpers.rows(folder, "SELECT id, status, message FROM submissions")
             time.sleep(0.2)
     finally:
         server.stop()
     assert "were being graded when the server stopped: queued again" in server.log.read_text()
-    assert _rows(folder, "SELECT id, status FROM submissions ORDER BY id") == [(i, "done") for i in ids]
+    assert helpers.rows(folder, "SELECT id, status FROM submissions ORDER BY id") == [(i, "done") for i in ids]
     # graded again from scratch: a second attempt, and exactly one gradebook entry per submission
-    assert _rows(folder, f"SELECT attempts FROM submissions WHERE id = {killed[0]}") == [(killed[1] + 1,)]
-    assert sorted(_rows(folder, "SELECT submission FROM gradebook")) == [(i,) for i in ids]
-    assert all(score > 9 for (score,) in _rows(folder, "SELECT score FROM gradebook"))
+    assert helpers.rows(folder, f"SELECT attempts FROM submissions WHERE id = {killed[0]}") == [(killed[1] + 1,)]
+    assert sorted(helpers.rows(folder, "SELECT submission FROM gradebook")) == [(i,) for i in ids]
+    assert all(score > 9 for (score,) in helpers.rows(folder, "SELECT score FROM gradebook"))
     # every submission is a batch of its own, all sharing the server's references: the last one computed none
     (last,) = (folder / "submissions" / str(ids[2])).glob("attempt-*/students/*/state/gelu.json")
     counts = json.loads(last.read_text())["counts"]
