@@ -8,8 +8,9 @@ Each batch grades ``--copies`` copies of ``solutions/`` with ``grader grade --pr
 into a folder of its own. A row: the batch's wall time, the scores, the arbiter's own counts from the profile (GPU
 held alone, turns, turns chained right after another, the wait for the others' GPU work before the turns, the wait
 for a turn; the chained count is empty from a grader that does not chain), the cores the graders could use
-(``taskset`` narrows them) and ``--note`` (what else the host ran meanwhile). To run both arms at once on a host of two GPUs, start two of these,
-each with ``CUDA_VISIBLE_DEVICES`` and ``taskset`` giving it one GPU and half the cores, and the orders mirrored.
+(``taskset`` narrows them) and ``--note`` (what else the host ran meanwhile). To run both arms at once on a host
+of two GPUs, start two of these, each with ``CUDA_VISIBLE_DEVICES`` and ``taskset`` giving it one GPU and half the
+cores, and the orders mirrored.
 ``--warm-up`` grades one batch of the first arm before the others, as batch 0: a GPU's first batch records the
 references' speed and fills Triton's cache, which later batches find ready. Rows of arm B (commit a45534f) graded
 with that grader's chained turns and hurried workers turned off (docs/decisions/0012-gpu-sharing-simplified.md);
