@@ -110,3 +110,14 @@ def test_an_autotuned_kernel_runs_in_the_students_tests(pytester: pytest.Pyteste
     result = _run(pytester, str(ASSIGNMENTS / "softmax"), "--impl", str(impl), "-m", "not speed")
     assert result.ret == 0, result.stdout.str()[-3000:]
     assert "active drivers" not in result.stdout.str()
+
+
+def test_tests_without_the_plugin_say_how_to_load_it(pytester: pytest.Pytester):
+    """grader importable (from the course folder) but its plugin not loaded: one error naming the fix per test file,
+    not a 'fixture not found' error on every test."""
+    result = _run(pytester, str(ASSIGNMENTS / "gelu"), "-p", "no:grader")
+    out = result.stdout.str()
+    assert result.ret == pytest.ExitCode.INTERRUPTED, out[-3000:]  # a collection error stops the run
+    assert result.parseoutcomes().get("errors") == 1, out[-3000:]
+    assert "the course's pytest plugin is not loaded" in out and "pip install -e ." in out
+    assert "fixture 'grader_session' not found" not in out
