@@ -14,7 +14,7 @@ cores, and the orders mirrored.
 ``--warm-up`` grades one batch of the first arm before the others, as batch 0: a GPU's first batch records the
 references' speed and fills Triton's cache, which later batches find ready. Rows of arm B (commit a45534f) graded
 with that grader's chained turns and hurried workers turned off (docs/decisions/0012-gpu-sharing-simplified.md);
-the rows of 10 submissions compare the tree without them (arm A) with the grader before (0013).
+in the rows of 10 submissions arm A is the tree without them at df834eb, with them at b074325 (0013).
 """
 
 from __future__ import annotations
