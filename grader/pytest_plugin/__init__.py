@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
-PLUGIN = "grader.pytest_plugin.plugin"
+PLUGIN = f"{__name__}.plugin"  # the module the pytest11 entry point names
 NOT_LOADED = (
     "the course's pytest plugin is not loaded, so these tests have no grader_session: the Python running pytest "
     "({python}) imports grader from this folder, but the project is not installed there (or `-p no:grader` turned "

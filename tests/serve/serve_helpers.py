@@ -44,12 +44,12 @@ GRADING_ARGS = ["--exercises", "gelu", "--random", "0", "--jobs", "1", *sandboxi
 START_TIMEOUT_S = 60.0
 
 
-
 def rows(folder: Path, sql: str) -> list[tuple]:
     """What ``sql`` reads from the server's database in ``folder``, on a connection of its own, closed after
     (tests poll with it while the server writes)."""
     with contextlib.closing(sqlite3.connect(folder / db_mod.FILE, timeout=30)) as conn:
         return conn.execute(sql).fetchall()
+
 
 def free_port() -> int:
     with socket.socket() as s:
